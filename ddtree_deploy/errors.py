@@ -1,0 +1,70 @@
+"""Errors that carry the CLI exit code they map to.
+
+Every failure a user can cause or meet names the file, host or field involved; the CLI prints the message and
+exits with the code below, so scripts can tell "bad input" from "host down" from "ABI mismatch".
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # operation failed (probe failed, rolled back)
+EXIT_USAGE = 2  # usage or bad input (inventory, patch set)
+EXIT_UNREACHABLE = 3  # host unreachable or SSH failure
+EXIT_ABI = 4  # ABI incompatibility
+EXIT_PATCH = 5  # patch does not apply to this base
+
+
+class DeployError(Exception):
+    """Base class: a failure with a message meant for the user and an exit code."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class OperationFailed(DeployError):
+    exit_code = EXIT_FAILED
+
+
+class InputError(DeployError):
+    """Bad input: an inventory file, a patch set, a flag. The message names the file and field."""
+
+    exit_code = EXIT_USAGE
+
+
+class TransportError(DeployError):
+    """The host could not be reached, refused us, or a command on it timed out."""
+
+    exit_code = EXIT_UNREACHABLE
+
+    def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(f"host {host}: {message}", hint=hint)
+        self.host = host
+
+
+class HostKeyError(TransportError):
+    """The host's key is unknown or changed; we never connect to such a host silently."""
+
+
+class RemoteError(OperationFailed):
+    """The remote helper program ran but reported a failure."""
+
+    def __init__(self, host: str, op: str, message: str, kind: str = "error") -> None:
+        super().__init__(f"host {host}: remote {op} failed: {message}")
+        self.host = host
+        self.op = op
+        self.kind = kind
+
+
+class AbiIncompatible(DeployError):
+    exit_code = EXIT_ABI
+
+
+class PatchDoesNotApply(DeployError):
+    exit_code = EXIT_PATCH

@@ -1,0 +1,214 @@
+"""Tiny seeded models: a causal transformer target and a DFlash-style block drafter.
+
+Why tiny and seeded: every sandbox host must build bit-identical models with no download, so a
+recorded temperature-0 baseline stays valid across hosts and restarts. Why float64: tree verify
+computes the same logits as sequential decoding but with a different reduction order; in float64
+that noise (~1e-15) cannot flip an argmax of this model in practice, so "DDTree greedy equals
+autoregressive greedy" is a property of the design, not a tolerance in a test.
+
+Why the drafter is derived from the target: random weights would accept almost nothing. The
+drafter uses the target's own one-token transition (the target run on each token with no
+context, tabulated once) plus the target's hidden feature of the last committed token, which
+carries the context's effect forward. It therefore agrees with the target often but not
+always, which is what gives DDTree's extra branches something to win.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .tokenizer import VOCAB_SIZE
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and character of the tiny models; the defaults give acceptance well above 1."""
+
+    vocab_size: int = VOCAB_SIZE
+    hidden: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    mlp_mult: int = 4
+    attn_gain: float = 0.6  # scale of each attention output: how much context moves the next token
+    logit_scale: float = 5.0  # std of logits: higher = more peaked next-token distributions
+    rope_theta: float = 10000.0
+    context_carry: float = 1.0  # drafter: weight of the target's context feature, decayed per depth
+    seed: int = 0
+
+
+class KVCache:
+    """Preallocated per-request KV store; ``length`` counts committed tokens.
+
+    A forward writes its K/V at slots ``length .. length+T-1`` and never moves ``length``: the
+    caller commits (autoregressive step) or compacts the accepted tree path first (speculative
+    round), mirroring how SGLang's verify writes every node and keeps only the accepted ones.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_len: int, dtype: torch.dtype) -> None:
+        head_dim = cfg.hidden // cfg.n_heads
+        shape = (cfg.n_layers, max_len, cfg.n_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.length = 0
+        self.max_len = max_len
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy K/V slots src -> dst (1-D, same length); gathers first, so overlap is safe."""
+        if src.numel() == 0:
+            return
+        self.k[:, dst] = self.k[:, src].clone()
+        self.v[:, dst] = self.v[:, src].clone()
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [T, H, Dh] at integer positions [T] (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=x.dtype) / half)
+    angles = positions.to(x.dtype)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class TinyTarget:
+    """Pre-norm causal transformer with RoPE and a KV cache; batch 1 (the engine serves one request at a time)."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float64) -> None:
+        if cfg.hidden % cfg.n_heads or (cfg.hidden // cfg.n_heads) % 2:
+            raise ValueError("hidden must split into heads of even size")
+        self.cfg = cfg
+        self.dtype = dtype
+        g = torch.Generator().manual_seed(cfg.seed)
+        d, v, m = cfg.hidden, cfg.vocab_size, cfg.hidden * cfg.mlp_mult
+
+        def rnd(*shape: int, std: float) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g, dtype=torch.float64) * std).to(dtype)
+
+        self.embed = rnd(v, d, std=1.0)
+        self.layers = []
+        for _ in range(cfg.n_layers):
+            self.layers.append(
+                {
+                    "norm1": torch.ones(d, dtype=dtype),
+                    "wq": rnd(d, d, std=d**-0.5),
+                    "wk": rnd(d, d, std=d**-0.5),
+                    "wv": rnd(d, d, std=d**-0.5),
+                    "wo": rnd(d, d, std=cfg.attn_gain * d**-0.5),
+                    "norm2": torch.ones(d, dtype=dtype),
+                    "w1": rnd(d, m, std=d**-0.5),
+                    "w2": rnd(m, d, std=0.5 * m**-0.5),
+                }
+            )
+        self.final_norm = torch.ones(d, dtype=dtype)
+        self.lm_head = rnd(d, v, std=cfg.logit_scale * d**-0.5)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        return KVCache(self.cfg, max_len, self.dtype)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(hidden, self.final_norm) @ self.lm_head
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run T new tokens over the cached prefix; returns (logits [T, V], hidden [T, D]).
+
+        ``mask`` [T, T] (bool, True = visible) says which new tokens each new token sees; None means
+        causal. Every cached (committed) token is visible to all new tokens. K/V of the new tokens
+        are written at slots cache.length.. and the cache length is left unchanged.
+        """
+        cfg = self.cfg
+        t = tokens.shape[0]
+        start = cache.length
+        if start + t > cache.max_len:
+            raise ValueError(f"KV cache full: {start} + {t} > {cache.max_len}")
+        if mask is None:
+            mask = torch.ones(t, t, dtype=torch.bool).tril()
+        full_mask = torch.cat([torch.ones(t, start, dtype=torch.bool), mask], dim=1)  # [T, S+T]
+        n_h, h_d = cfg.n_heads, cfg.hidden // cfg.n_heads
+        x = self.embed[tokens]
+        for li, p in enumerate(self.layers):
+            h = _rms_norm(x, p["norm1"])
+            q = _rope((h @ p["wq"]).view(t, n_h, h_d), positions, cfg.rope_theta)
+            k = _rope((h @ p["wk"]).view(t, n_h, h_d), positions, cfg.rope_theta)
+            cache.k[li, start : start + t] = k
+            cache.v[li, start : start + t] = (h @ p["wv"]).view(t, n_h, h_d)
+            keys, values = cache.k[li, : start + t], cache.v[li, : start + t]
+            scores = torch.einsum("thd,shd->hts", q, keys) / math.sqrt(h_d)
+            scores = scores.masked_fill(~full_mask[None], float("-inf"))
+            attn = torch.einsum("hts,shd->thd", scores.softmax(-1), values).reshape(t, cfg.hidden)
+            x = x + attn @ p["wo"]
+            h = _rms_norm(x, p["norm2"])
+            x = x + torch.nn.functional.silu(h @ p["w1"]) @ p["w2"]
+        return self.logits_from_hidden(x), x
+
+    @torch.inference_mode()
+    def isolated_hidden(self) -> torch.Tensor:
+        """Hidden state of every vocab token run alone (no context): [V, D].
+
+        With a single token, attention sees only itself and its softmax weight is 1, so the
+        attention output is just that token's value projection; RoPE does not touch values.
+        This equals ``forward`` on a one-token sequence, vectorised over the vocabulary.
+        """
+        x = self.embed.clone()
+        for p in self.layers:
+            h = _rms_norm(x, p["norm1"])
+            x = x + (h @ p["wv"]) @ p["wo"]
+            h = _rms_norm(x, p["norm2"])
+            x = x + torch.nn.functional.silu(h @ p["w1"]) @ p["w2"]
+        return x
+
+
+class BlockDrafter:
+    """DFlash-style drafter: one call proposes logits for all L = block_size - 1 depths.
+
+    Input is what a DFlash drafter gets: the root (last committed, not yet verified) token and the
+    target's hidden feature of the last verified context token. Depth d's logits come from the
+    target's isolated transition of the depth-(d-1) spine token plus the context residual
+    (target hidden in context minus isolated hidden), decayed by ``context_carry ** d``. The spine
+    is the greedy path through those logits, as a diffusion drafter's per-depth marginals would be.
+    """
+
+    def __init__(self, target: TinyTarget, block_size: int) -> None:
+        if block_size < 2:
+            raise ValueError("block_size must be >= 2 (at least one draft depth)")
+        self.target = target
+        self.depths = block_size - 1
+        self.isolated = target.isolated_hidden()
+        self.carry = target.cfg.context_carry
+
+    @torch.inference_mode()
+    def draft(self, root_token: int, ctx_token: int, ctx_hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [L, V] for depths 1..L below ``root_token``."""
+        residual = ctx_hidden - self.isolated[ctx_token]
+        out = []
+        tok = root_token
+        for d in range(1, self.depths + 1):
+            hidden = self.isolated[tok] + (self.carry**d) * residual
+            logits = self.target.logits_from_hidden(hidden)
+            out.append(logits)
+            tok = int(logits.argmax())
+        return torch.stack(out)
+
+
+_CACHE: dict[tuple[ModelConfig, str], TinyTarget] = {}
+
+
+def build_target(cfg: ModelConfig, dtype: torch.dtype = torch.float64) -> TinyTarget:
+    """Build (or reuse) the target for ``cfg``: construction is deterministic, so reuse is safe."""
+    key = (cfg, str(dtype))
+    if key not in _CACHE:
+        _CACHE[key] = TinyTarget(cfg, dtype)
+    return _CACHE[key]

@@ -1,0 +1,166 @@
+"""HTTP front end with SGLang's endpoint shapes (/health, /get_server_info, /generate).
+
+Why SGLang's shapes: the deployment probe is written once, against SGLang; on a GPU-less host it
+talks to this server instead and must not need to know. Stdlib only (ThreadingHTTPServer), one
+generation at a time behind a lock: the sandbox needs correctness and clear failures, not throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from . import tokenizer
+from .decode import Engine, SamplingParams
+
+log = logging.getLogger("ddtree_refengine")
+
+MAX_NEW_TOKENS_CAP = 4096
+MAX_PROMPT_TOKENS = 8192
+MAX_BODY_BYTES = 1 << 20
+
+
+class BadRequest(ValueError):
+    """A client error: answered with HTTP 400 and the message, never a traceback."""
+
+
+def parse_generate(body: dict[str, Any]) -> tuple[list[int], SamplingParams, int]:
+    """Validate a /generate body; returns (input_ids, sampling params, seed)."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise BadRequest("give exactly one of 'text' or 'input_ids'")
+    if text is not None:
+        if not isinstance(text, str):
+            raise BadRequest("'text' must be a string (batched requests are not supported)")
+        input_ids = tokenizer.encode(text)
+    else:
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise BadRequest("'input_ids' must be a non-empty list of integers (batched requests are not supported)")
+        if any(not 0 <= i < tokenizer.VOCAB_SIZE for i in ids):
+            raise BadRequest(f"'input_ids' must lie in [0, {tokenizer.VOCAB_SIZE})")
+        input_ids = list(ids)
+    if len(input_ids) > MAX_PROMPT_TOKENS:
+        raise BadRequest(f"prompt longer than {MAX_PROMPT_TOKENS} tokens")
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise BadRequest("'sampling_params' must be an object")
+    try:
+        max_new = int(sp.get("max_new_tokens", 128))
+        temperature = float(sp.get("temperature", 1.0))
+        stops = [int(s) for s in (sp.get("stop_token_ids") or [])]
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"bad sampling_params: {exc}") from None
+    if not 1 <= max_new <= MAX_NEW_TOKENS_CAP:
+        raise BadRequest(f"max_new_tokens must lie in [1, {MAX_NEW_TOKENS_CAP}]")
+    if temperature < 0:
+        raise BadRequest("temperature must be >= 0")
+    if not sp.get("ignore_eos", False):
+        stops.append(tokenizer.EOS_ID)
+    seed = body.get("seed", sp.get("sampling_seed"))
+    if seed is None:
+        seed = secrets.randbits(63)
+    elif not isinstance(seed, int) or isinstance(seed, bool):
+        raise BadRequest("'seed' must be an integer")
+    return input_ids, SamplingParams(max_new, temperature, tuple(dict.fromkeys(stops))), seed
+
+
+class EngineServer(ThreadingHTTPServer):
+    """Serves 503 on /health until ``set_ready`` installs the engine (models build after binding)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], info: dict[str, Any]) -> None:
+        super().__init__(address, _Handler)
+        self.info = info
+        self.engine: Engine | None = None
+        self.lock = threading.Lock()
+
+    def set_ready(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        input_ids, params, seed = parse_generate(body)
+        if self.engine is None:
+            raise RuntimeError("engine not ready")
+        with self.lock:
+            res = self.engine.generate(input_ids, params, seed=seed)
+        log.info(
+            "generate: prompt=%d completion=%d accept_length=%.2f verify_ct=%d finish=%s %.3fs",
+            res.prompt_tokens, len(res.output_ids), res.accept_length, res.verify_rounds,
+            res.finish_reason.get("type"), res.seconds,
+        )
+        return {
+            "text": tokenizer.decode(res.output_ids),
+            "output_ids": res.output_ids,
+            "meta_info": {
+                "id": uuid.uuid4().hex,
+                "prompt_tokens": res.prompt_tokens,
+                "completion_tokens": len(res.output_ids),
+                "spec_accept_length": res.accept_length,
+                "spec_verify_ct": res.verify_rounds,
+                "finish_reason": res.finish_reason,
+                "e2e_latency": res.seconds,
+            },
+        }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: EngineServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, payload: Any | None = None) -> None:
+        data = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        if payload is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate"):
+            self._send(200 if self.server.engine is not None else 503)
+        elif path in ("/get_server_info", "/server_info"):
+            self._send(200, {**self.server.info, "ready": self.server.engine is not None})
+        elif path == "/get_model_info":
+            self._send(200, {"model_path": self.server.info.get("model_path"), "is_generation": True})
+        else:
+            self._send(404, {"error": {"message": f"no route {path}"}})
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        path = self.path.split("?", 1)[0]
+        if path != "/generate":
+            self._send(404, {"error": {"message": f"no route {path}"}})
+            return
+        if self.server.engine is None:
+            self._send(503, {"error": {"message": "server is still loading"}})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 < length <= MAX_BODY_BYTES:
+                raise BadRequest(f"body must be 1..{MAX_BODY_BYTES} bytes of JSON")
+            try:
+                body = json.loads(self.rfile.read(length))
+            except json.JSONDecodeError as exc:
+                raise BadRequest(f"invalid JSON: {exc}") from None
+            t0 = time.perf_counter()
+            payload = self.server.generate(body)
+            payload["meta_info"]["e2e_latency"] = time.perf_counter() - t0
+            self._send(200, payload)
+        except BadRequest as exc:
+            self._send(400, {"error": {"message": str(exc)}})
+        except Exception as exc:  # a decoding failure is a server error, logged with its traceback
+            log.exception("generate failed")
+            self._send(500, {"error": {"message": f"{type(exc).__name__}: {exc}"}})

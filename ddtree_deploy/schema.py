@@ -1,0 +1,117 @@
+"""A tiny declarative validator for YAML documents, so every error names the file, the field and what was expected.
+
+We keep this instead of a schema library because the messages are the product: "hosts/ct129.yaml: field
+'port': expected an integer between 1 and 65535, got 'ssh'" is what a user needs, and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a mapping: its type check, whether it is required, and its default."""
+
+    kind: str  # str | int | bool | float | mapping | list | str-map | any
+    required: bool = False
+    default: Any = None
+    help: str = ""
+    check: Callable[[Any], str | None] | None = None  # returns an error text or None
+    fields: dict[str, "Field"] | None = None  # for kind == "mapping": nested schema
+    items: "Field | None" = None  # for kind == "list": schema of each item
+    choices: tuple[Any, ...] = field(default=())
+
+
+_EXPECT = {
+    "str": "a string",
+    "int": "an integer",
+    "bool": "true or false",
+    "float": "a number",
+    "mapping": "a mapping",
+    "list": "a list",
+    "str-map": "a mapping of strings to strings",
+}
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind == "any":
+        return True
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "mapping":
+        return isinstance(value, dict)
+    if kind == "list":
+        return isinstance(value, list)
+    if kind == "str-map":
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool) for k, v in value.items()
+        )
+    raise ValueError(f"unknown schema kind {kind}")
+
+
+def validate(doc: Any, schema: dict[str, Field], *, source: str, prefix: str = "") -> dict[str, Any]:
+    """Check ``doc`` against ``schema``; return a dict with defaults filled in, or raise InputError."""
+    where = f"{source}: " if source else ""
+    if not isinstance(doc, dict):
+        name = f"section '{prefix.rstrip('.')}'" if prefix else "document"
+        raise InputError(f"{where}{name}: expected a mapping, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - set(schema))
+    if unknown:
+        known = ", ".join(sorted(schema))
+        raise InputError(f"{where}unknown field '{prefix}{unknown[0]}' (known fields here: {known})")
+    out: dict[str, Any] = {}
+    for name, spec in schema.items():
+        path = f"{prefix}{name}"
+        if name not in doc or doc[name] is None:
+            if spec.required:
+                what = f" ({spec.help})" if spec.help else ""
+                raise InputError(f"{where}missing required field '{path}': expected {_EXPECT.get(spec.kind, spec.kind)}{what}")
+            default = spec.default() if callable(spec.default) else spec.default
+            if spec.kind == "mapping" and spec.fields is not None and default is None:
+                default = validate({}, spec.fields, source=source, prefix=f"{path}.")
+            out[name] = default
+            continue
+        out[name] = _validate_value(doc[name], spec, source=source, path=path)
+    return out
+
+
+def _validate_value(value: Any, spec: Field, *, source: str, path: str) -> Any:
+    where = f"{source}: " if source else ""
+    if not _type_ok(spec.kind, value):
+        raise InputError(
+            f"{where}field '{path}': expected {_EXPECT.get(spec.kind, spec.kind)}, got {value!r} ({type(value).__name__})"
+        )
+    if spec.choices and value not in spec.choices:
+        allowed = ", ".join(repr(c) for c in spec.choices)
+        raise InputError(f"{where}field '{path}': expected one of {allowed}, got {value!r}")
+    if spec.check is not None:
+        problem = spec.check(value)
+        if problem:
+            raise InputError(f"{where}field '{path}': {problem}, got {value!r}")
+    if spec.kind == "mapping" and spec.fields is not None:
+        return validate(value, spec.fields, source=source, prefix=f"{path}.")
+    if spec.kind == "list" and spec.items is not None:
+        return [_validate_value(v, spec.items, source=source, path=f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def port_range(value: int) -> str | None:
+    return None if 1 <= value <= 65535 else "expected an integer between 1 and 65535"
+
+
+def positive(value: float) -> str | None:
+    return None if value > 0 else "expected a positive number"
+
+
+def absolute_path(value: str) -> str | None:
+    return None if value.startswith("/") else "expected an absolute path on the host"
