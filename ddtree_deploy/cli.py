@@ -134,6 +134,26 @@ def sandbox_down(sandbox_dir: Optional[Path] = SandboxDirOpt, inventory: Optiona
     out.print(f"removed sandbox hosts: {', '.join(removed) or 'none'}")
 
 
+#: Modules under ddtree_deploy/commands/ that add their commands to the app (each defines ``register(app)``).
+COMMAND_MODULES = ("snapshot", "abi", "patchset", "deploy")
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"ddtree_deploy.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"ddtree_deploy.commands.{name}":
+                continue  # that part of the tool is not built yet
+            raise
+        module.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     """Console-script entry: run the app, turning DeployError into its message and exit code."""
     try:
