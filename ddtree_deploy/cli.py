@@ -157,7 +157,7 @@ _register_commands()
 def main() -> None:
     """Console-script entry: run the app, turning DeployError into its message and exit code."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns an Exit's code instead of raising it here
     except DeployError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, markup=True)
         sys.exit(exc.exit_code)
@@ -173,3 +173,4 @@ def main() -> None:
             exc.show()
             sys.exit(EXIT_USAGE if isinstance(exc, click.exceptions.UsageError) else exc.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)

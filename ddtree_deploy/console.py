@@ -19,8 +19,8 @@ def emit_json(data: Any) -> None:
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
-    for column in columns:
-        t.add_column(column)
+    for i, column in enumerate(columns):
+        t.add_column(column, no_wrap=(i == 0), overflow="fold")
     for row in rows:
         t.add_row(*["" if v is None else str(v) for v in row])
     return t

@@ -137,8 +137,10 @@ class HostConnection:
                     hint=f"verify the key, then `ssh-keyscan -p {self.conn.port} {self.conn.host} >> {self.host.known_hosts}`, "
                     "or set trust_on_first_use: true in the host file",
                 ) from exc
-            if "banner" in text.lower():
-                raise TransportError(name, f"{where} accepted TCP but sent no SSH banner within {t:g} s") from exc
+            if "banner" in text.lower() or "no existing session" in text.lower():
+                # paramiko reports a silent peer either as a banner error or, when the handshake wait ends first,
+                # as a missing session; both mean the same to the user
+                raise TransportError(name, f"{where} accepted TCP but completed no SSH handshake (no banner) within {t:g} s") from exc
             raise TransportError(name, f"SSH negotiation with {where} failed: {text}") from exc
         except socket.gaierror as exc:
             raise TransportError(name, f"cannot resolve {self.conn.host}: {exc.strerror}") from exc

@@ -1,0 +1,41 @@
+# ddtree-deploy — after cloning: `make demo` (the whole flow on local sandbox hosts) and `make test`.
+PY ?= python3
+STAMP := .cache/deps.stamp
+export TRITON_INTERPRET ?= 1
+
+.PHONY: install deps demo test test-gpu bench lint clean
+
+install: $(STAMP)
+
+# System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark) and the project with its extras.
+# torch is pinned to the CPU build this machine carries; triton 3.6.0 matches the H200 image (interpreted on CPU).
+$(STAMP): pyproject.toml
+	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync git >/dev/null; \
+	  else echo "need openssh-server, rsync and git (run as root or install them)"; exit 1; fi; fi
+	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,kernels]"
+	@mkdir -p .cache && touch $(STAMP)
+
+deps: install
+
+demo: install
+	$(PY) -m ddtree_deploy.demo
+
+test: install
+	$(PY) -m pytest -q -m "not gpu"
+
+test-gpu:
+	TRITON_INTERPRET=0 $(PY) -m pytest -q -m gpu
+
+bench: install
+	@mkdir -p bench/results
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: install
+	$(PY) -m ruff check ddtree_deploy tests bench
+
+clean:
+	$(PY) -m ddtree_deploy sandbox down || true
+	rm -rf .cache build *.egg-info

@@ -1,0 +1,5 @@
+"""``python -m ddtree_deploy`` is the same as the ``ddtree-deploy`` command."""
+
+from .cli import main
+
+main()

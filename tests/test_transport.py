@@ -1,0 +1,194 @@
+"""The SSH transport against real sshd sandbox hosts: commands, streams, the remote helper, and every refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree_deploy.errors import HostKeyError, RemoteError, TransportError
+from ddtree_deploy.inventory import Host
+from ddtree_deploy.transport import HostConnection
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_run_command_and_exit_status(sandbox) -> None:
+    with HostConnection(sandbox.base) as conn:
+        result = conn.run("echo hello; echo oops >&2")
+        assert result.text() == "hello\n" and result.stderr == b"oops\n"
+        failed = conn.run("exit 7", check=False)
+        assert failed.exit_code == 7
+        with pytest.raises(RemoteError, match="exit 7"):
+            conn.run("echo bad >&2; exit 7")
+
+
+def test_stdin_is_ours_to_give_and_never_forwarded(sandbox) -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB, binary
+    with HostConnection(sandbox.base) as conn:
+        assert conn.run("wc -c", stdin=payload).text().strip() == str(len(payload))
+        # with no stdin given the remote side sees EOF at once instead of our terminal
+        assert conn.run("cat | wc -c", timeout=10).text().strip() == "0"
+
+
+def test_hosts_have_their_own_files(sandbox) -> None:
+    with HostConnection(sandbox.base) as a, HostConnection(sandbox.drift) as b:
+        a.run("echo base > /srv/ddtree-host/whoami")
+        b.run("echo drift > /srv/ddtree-host/whoami")
+        assert a.run("cat /srv/ddtree-host/whoami").text() == "base\n"
+        assert b.run("cat /srv/ddtree-host/whoami").text() == "drift\n"
+
+
+def test_tar_streams_both_ways(sandbox, tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i in range(20):
+            data = (f"file {i}\n" * (i + 1) * 500).encode()
+            info = tarfile.TarInfo(f"d/f{i}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = buf.getvalue()
+    chunks = [raw[i : i + 7000] for i in range(0, len(raw), 7000)]
+    with HostConnection(sandbox.base) as conn:
+        conn.run("rm -rf /tmp/tarin && mkdir -p /tmp/tarin")
+        conn.send_stream("tar -x -C /tmp/tarin", chunks)
+        with conn.stream_out("tar -c -C /tmp/tarin d") as stream:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                got = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    assert len(got) == 20
+    assert got["d/f3.txt"] == ("file 3\n" * 4 * 500).encode()
+
+
+def test_remote_helper_round_trip(sandbox) -> None:
+    with HostConnection(sandbox.drift) as conn:
+        info = conn.call("hostinfo", "check", site_packages=sandbox.drift.site_packages)
+    assert info["sglang"] == "0.5.23"
+    assert info["sglang_dir_exists"] is True
+    assert info["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_remote_helper_unknown_op_is_a_clear_error(sandbox) -> None:
+    with HostConnection(sandbox.base) as conn, pytest.raises(RemoteError, match="unknown op 'nope'"):
+        conn.call("hostinfo", "nope")
+
+
+def test_command_timeout(sandbox) -> None:
+    with HostConnection(sandbox.base) as conn:
+        start = time.monotonic()
+        with pytest.raises(TransportError, match="timed out after 1 s"):
+            conn.run("sleep 20", timeout=1)
+        assert time.monotonic() - start < 5
+
+
+def test_unknown_host_key_refused(sandbox, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    host = dataclasses.replace(sandbox.base, known_hosts=str(empty))
+    with pytest.raises(HostKeyError, match="unknown host key") as info:
+        HostConnection(host).open()
+    assert "ssh-keyscan" in str(info.value)
+    assert empty.read_text() == ""
+
+
+def test_changed_host_key_refused_even_with_trust_on_first_use(sandbox, tmp_path: Path) -> None:
+    other = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    assert other.returncode == 0
+    pub = (tmp_path / "k.pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sandbox.base.port} {pub[0]} {pub[1]}\n")
+    host = dataclasses.replace(sandbox.base, known_hosts=str(known), trust_on_first_use=True)
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        HostConnection(host).open()
+
+
+def test_trust_on_first_use_records_the_key_once(sandbox, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    host = dataclasses.replace(sandbox.base, known_hosts=str(known), trust_on_first_use=True)
+    with HostConnection(host) as conn:
+        assert conn.run("true").ok
+    recorded = known.read_text()
+    assert f"[127.0.0.1]:{sandbox.base.port} ssh-ed25519 " in recorded
+    strict = dataclasses.replace(host, trust_on_first_use=False)
+    with HostConnection(strict) as conn:  # the recorded key now satisfies strict checking
+        assert conn.run("true").ok
+
+
+def test_silent_tcp_peer_times_out_within_connect_timeout(sandbox) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    host = dataclasses.replace(sandbox.base, port=listener.getsockname()[1], connect_timeout=1.5)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TransportError, match=r"no SSH handshake \(no banner\) within 1.5 s"):
+            HostConnection(host).open()
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+        for s in accepted:
+            s.close()
+    assert elapsed < 1.5 + 3.0, f"took {elapsed:.1f} s for a 1.5 s connect timeout"
+
+
+def test_proxyjump_from_ssh_config_is_honoured(sandbox, tmp_path: Path) -> None:
+    """Reach the base host through the drift host as a jump host, as ssh_config says."""
+    key = sandbox.base.identity_file
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host jumpbox\n  HostName 127.0.0.1\n  Port {sandbox.drift.port}\n  User root\n  IdentityFile {key}\n\n"
+        f"Host behind\n  HostName 127.0.0.1\n  Port {sandbox.base.port}\n  User root\n  IdentityFile {key}\n  ProxyJump jumpbox\n"
+    )
+    host = dataclasses.replace(sandbox.base, address=None, ssh_alias="behind", ssh_config=str(config), port=None, user=None)
+    with HostConnection(host) as conn:
+        assert conn.conn.gateway is not None
+        assert conn.run("cat /srv/ddtree-host/.sglang-installed").text().strip() == "0.5.11"
+
+
+def test_unreachable_host_exits_3_fast(sandbox, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    doc = yaml.safe_load(Path(sandbox.base.source).read_text())
+    doc.update(name="gone", port=closed_port)
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "gone.yaml").write_text(yaml.safe_dump(doc))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy", "hosts", "check", "--inventory", str(inv), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert "cannot connect to 127.0.0.1" in proc.stdout
+    assert time.monotonic() - start < 30
+
+
+def test_hosts_check_cli_reports_versions(sandbox) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy", "hosts", "check", "--inventory", str(sandbox.inventory), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["host"]: r for r in yaml.safe_load(proc.stdout)}
+    assert rows["sandbox-base"]["sglang"] == "0.5.11"
+    assert rows["sandbox-drift"]["sglang"] == "0.5.23"
