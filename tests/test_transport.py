@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from ddtree_deploy.errors import HostKeyError, RemoteError, TransportError
-from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import HostConnection
 
 pytestmark = pytest.mark.sandbox
