@@ -9,13 +9,13 @@ either direction) and ``call`` (one round trip to the stdlib-only helper in ``dd
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shlex
 import socket
 import threading
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any, Iterable, Iterator
@@ -277,7 +277,7 @@ class HostConnection:
             "import sys,json,zlib,base64;d=sys.stdin.buffer.read();n=int.from_bytes(d[:8],'big');"
             "exec(compile(zlib.decompress(d[8:8+n]),'<ddtree-remote>','exec'),{'__name__':'__ddtree_remote__','_PAYLOAD':d[8+n:]})"
         )
-        blob = zlib_compress(program)
+        blob = zlib.compress(program, 6)
         data = len(blob).to_bytes(8, "big") + blob + payload
         interpreter = python or self.host.python
         result = self.run(f"{shlex.quote(interpreter)} -c {shlex.quote(boot)}", stdin=data, timeout=timeout, check=False)
@@ -322,16 +322,6 @@ class _DeadlineReader:
         return True
 
 
-def zlib_compress(data: bytes) -> bytes:
-    import zlib
-
-    return zlib.compress(data, 6)
-
-
 def _short(command: str, limit: int = 120) -> str:
     command = " ".join(command.split())
     return command if len(command) <= limit else command[: limit - 3] + "..."
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
