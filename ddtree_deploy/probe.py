@@ -1,0 +1,312 @@
+"""Fail-fast probes of a host's server after a deploy (and on demand): four stages, each with its own budget.
+
+1. ``overlay``   the server's Python, with the server's environment, resolves ``sglang`` to the active release
+                 and loads the DDTree package from it by file path (never importing sglang: that needs the GPU
+                 stack); its ``__version__`` is reported.
+2. ``selftest``  the runtime's ``self_test("cuda")`` on the host GPU; skipped (and said so) without a GPU.
+3. ``startup``   pid + log + ``/health`` polled ON the host every ~100 ms in one remote call: a dead process or a
+                 traceback in the log fails at once, ``/health`` 200 must come within the start-up budget.
+4. ``generation`` fixed prompts at temperature 0 must match the recorded baseline token for token; the
+                 speculative acceptance length from ``meta_info.spec_accept_length`` is reported.
+
+Baselines live on the host, in ``<release_root>/probe-baseline.json``: they describe that host's model and
+server, they survive a change of control machine, and every deploy to the host compares against the same file.
+Record one with ``ddtree-deploy probe HOST --record-baseline`` (DDTree off by default, the lossless reference).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .errors import DeployError, OperationFailed
+from .inventory import Host
+from .server import ServerControl, base_url, managed_paths, server_kind
+from .transport import HostConnection
+
+RUNTIME_SUBDIR = "srt/speculative/ddtree"
+STAGES = ("overlay", "selftest", "startup", "generation")
+
+
+@dataclass
+class Stage:
+    name: str
+    status: str  # pass | fail | skip | not-run
+    seconds: float = 0.0
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    log_tail: str = ""
+
+
+@dataclass
+class ProbeResult:
+    host: str
+    release: str | None
+    stages: list[Stage]
+    label: str = "probe"
+
+    @property
+    def ok(self) -> bool:
+        return all(s.status in ("pass", "skip") for s in self.stages) and any(s.status == "pass" for s in self.stages)
+
+    @property
+    def failed_stage(self) -> Stage | None:
+        return next((s for s in self.stages if s.status == "fail"), None)
+
+    @property
+    def seconds(self) -> float:
+        return round(sum(s.seconds for s in self.stages), 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "label": self.label, "release": self.release, "ok": self.ok, "seconds": self.seconds,
+                "stages": [asdict(s) for s in self.stages]}
+
+
+def baseline_path(host: Host) -> str:
+    return posixpath.join(host.release_root, "probe-baseline.json")
+
+
+def expected_sglang_dir(host: Host, release: str | None) -> str:
+    if release is None:
+        return posixpath.join(host.site_packages, "sglang")
+    return posixpath.join(host.release_root, "releases", release, "sglang")
+
+
+def _pid_source(host: Host) -> dict[str, Any]:
+    if server_kind(host) == "systemd":
+        return {"kind": "systemd", "unit": host.server["unit"]}
+    return {"kind": "file", "path": managed_paths(host).pid_file}
+
+
+def _log_source(host: Host) -> dict[str, Any]:
+    if server_kind(host) == "systemd":
+        return {"kind": "journal", "unit": host.server["unit"], "since": "-15min"}
+    return {"kind": "file", "path": managed_paths(host).log}
+
+
+class Prober:
+    """Runs the stages against one host over an open connection."""
+
+    def __init__(self, conn: HostConnection, *, facts: dict[str, Any] | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.conn = conn
+        self.host = conn.host
+        self.facts = facts
+        self.progress = progress or (lambda msg: None)
+        self.cfg = self.host.probe
+        self._runtime_present = False
+        self._gpu_info: dict[str, Any] | None = None
+
+    def _call(self, op: str, timeout: float, **args: Any) -> Any:
+        return self.conn.call("probe", op, timeout=timeout + 30, **args)
+
+    # -- stage 1 -----------------------------------------------------------------------------------------------------
+    def overlay(self, release: str | None) -> Stage:
+        t0 = time.monotonic()
+        budget = float(self.cfg.get("overlay_timeout", 60.0))
+        try:
+            got = self._call("inspect", budget, root=self.host.release_root, env=self.host.server.get("env") or {},
+                             runtime_subdir=RUNTIME_SUBDIR, expect=expected_sglang_dir(self.host, release),
+                             load=release is not None, budget=budget)
+        except DeployError as exc:
+            return Stage("overlay", "fail", time.monotonic() - t0, str(exc))
+        want = expected_sglang_dir(self.host, release)
+        got_dir = got.get("sglang_real")
+        data = {k: got.get(k) for k in ("executable", "sglang", "sglang_real", "runtime_version", "runtime_file", "pythonpath")}
+        seconds = time.monotonic() - t0
+        if got_dir is None:
+            return Stage("overlay", "fail", seconds, f"the server's Python ({got.get('executable')}) finds no sglang", data)
+        if got_dir != got.get("expect_real"):
+            return Stage("overlay", "fail", seconds,
+                         f"the server's Python resolves sglang to {got_dir}, expected {want} "
+                         f"({'release ' + release if release else 'the installed package'})", data)
+        if release is None:
+            self._runtime_present = False
+            return Stage("overlay", "pass", seconds, f"no overlay active: sglang from the installed package {got_dir}", data)
+        if not got.get("runtime_present"):
+            return Stage("overlay", "fail", seconds, f"release {release} has no DDTree package at {got.get('runtime_dir')}", data)
+        if got.get("import_error"):
+            return Stage("overlay", "fail", seconds, "loading the DDTree package from the release failed",
+                         data, log_tail=got["import_error"])
+        version = got.get("runtime_version")
+        if not isinstance(version, str) or not version:
+            return Stage("overlay", "fail", seconds, f"DDTree package at {got.get('runtime_file')} has no __version__", data)
+        self._runtime_present = True
+        self._gpu_info = got.get("gpu")
+        return Stage("overlay", "pass", seconds, f"sglang from release {release}; DDTree runtime {version}", data)
+
+    # -- stage 2 -----------------------------------------------------------------------------------------------------
+    def _gpu(self) -> tuple[bool, str]:
+        if self.facts is not None:
+            gpus = self.facts.get("gpus")
+            if gpus is not None and not gpus:
+                return False, "the host's facts list no GPU"
+        got = self._gpu_info
+        if got is None:
+            try:
+                got = self.conn.call("probe", "gpu", timeout=60)
+            except DeployError as exc:
+                return False, f"cannot query nvidia-smi: {exc}"
+        return bool(got.get("present")), got.get("why", ", ".join(got.get("gpus", [])))
+
+    def selftest(self, release: str | None) -> Stage:
+        t0 = time.monotonic()
+        if release is None or not self._runtime_present:
+            return Stage("selftest", "skip", 0.0, "no DDTree runtime active")
+        present, why = self._gpu()
+        if not present:
+            return Stage("selftest", "skip", time.monotonic() - t0, f"skipped: no GPU on this host ({why})")
+        budget = float(self.cfg.get("selftest_timeout", 120.0))
+        try:
+            got = self._call("selftest", budget, root=self.host.release_root, env=self.host.server.get("env") or {},
+                             runtime_subdir=RUNTIME_SUBDIR, budget=budget)
+        except DeployError as exc:
+            return Stage("selftest", "fail", time.monotonic() - t0, str(exc))
+        result = got.get("selftest") or {}
+        seconds = time.monotonic() - t0
+        if got.get("import_error"):
+            return Stage("selftest", "fail", seconds, "loading the runtime for the self-test failed", log_tail=got["import_error"])
+        if not result.get("ok"):
+            bad = [k for k, v in (result.get("checks") or {}).items() if not v]
+            return Stage("selftest", "fail", seconds, f"kernel self-test failed on {result.get('device')}: {', '.join(bad) or result.get('error')}",
+                         {"selftest": result})
+        return Stage("selftest", "pass", seconds, f"kernels agree with references on {result.get('device')} (impl {result.get('impl')})",
+                     {"selftest": result})
+
+    # -- stage 3 -----------------------------------------------------------------------------------------------------
+    def startup(self, release: str | None) -> Stage:
+        t0 = time.monotonic()
+        budget = float(self.cfg.get("startup_timeout", 600.0))
+        url = base_url(self.host) + str(self.cfg.get("health_path", "/health"))
+        try:
+            got = self._call("wait_ready", budget, pid_source=_pid_source(self.host), log_source=_log_source(self.host),
+                             url=url, budget=budget, poll=0.1)
+        except DeployError as exc:
+            return Stage("startup", "fail", time.monotonic() - t0, str(exc))
+        seconds = time.monotonic() - t0
+        state = got["state"]
+        data = {k: got.get(k) for k in ("state", "seconds", "pid", "health_status", "health_polls")}
+        tail = got.get("log_tail", "")
+        if state == "dead":
+            return Stage("startup", "fail", seconds, f"the server process (pid {got.get('pid')}) is not running "
+                         f"(seen {got['seconds']:.2f} s into start-up)", data, tail)
+        if state == "traceback":
+            return Stage("startup", "fail", seconds, f"a traceback appeared in the server log after {got['seconds']:.2f} s", data, tail)
+        if state == "timeout":
+            return Stage("startup", "fail", seconds, f"/health did not answer 200 within the start-up budget of {budget:g} s "
+                         f"(last: {got.get('health_status') or got.get('health_error')})", data, tail)
+        info = self.conn.call("probe", "server_info", timeout=30, url=base_url(self.host)).get("info") or {}
+        runtime_path = info.get("ddtree_runtime_path")
+        data["server_runtime_path"] = runtime_path
+        if runtime_path and release is not None:
+            want = posixpath.join(expected_sglang_dir(self.host, release), RUNTIME_SUBDIR)
+            if posixpath.normpath(runtime_path) != posixpath.normpath(want):
+                return Stage("startup", "fail", time.monotonic() - t0,
+                             f"the running server loaded the DDTree runtime from {runtime_path}, not from release {release}", data)
+        return Stage("startup", "pass", time.monotonic() - t0, f"/health 200 after {got['seconds']:.2f} s (pid {got.get('pid')})", data)
+
+    # -- stage 4 -----------------------------------------------------------------------------------------------------
+    def generate(self) -> list[dict[str, Any]]:
+        prompts = list(self.cfg.get("prompts") or [])
+        budget = float(self.cfg.get("generation_timeout", 120.0))
+        return self._call("generate", budget, url=base_url(self.host), prompts=prompts,
+                          max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget)
+
+    def generation(self) -> Stage:
+        t0 = time.monotonic()
+        prompts = list(self.cfg.get("prompts") or [])
+        if not prompts:
+            return Stage("generation", "skip", 0.0, f"no probe.prompts in {self.host.source}")
+        baseline = self.conn.call("probe", "read_json", timeout=30, path=baseline_path(self.host))
+        if baseline is None:
+            return Stage("generation", "skip", time.monotonic() - t0,
+                         f"no baseline recorded at {baseline_path(self.host)} (run `ddtree-deploy probe {self.host.name} --record-baseline`)")
+        if baseline.get("prompts") != prompts or baseline.get("max_new_tokens") != int(self.cfg.get("max_new_tokens", 32)):
+            return Stage("generation", "fail", time.monotonic() - t0,
+                         "the recorded baseline was made with other prompts or max_new_tokens than the host file now has; "
+                         f"re-record it (`ddtree-deploy probe {self.host.name} --record-baseline`)")
+        try:
+            replies = self.generate()
+        except DeployError as exc:
+            return Stage("generation", "fail", time.monotonic() - t0, str(exc))
+        accept = [r["spec_accept_length"] for r in replies if isinstance(r.get("spec_accept_length"), (int, float))]
+        mean_accept = round(sum(accept) / len(accept), 3) if accept else None
+        data: dict[str, Any] = {"spec_accept_length": mean_accept, "prompts": len(replies),
+                                "per_prompt": [{"prompt": r["prompt"], "tokens": len(r.get("output_ids") or []),
+                                                "spec_accept_length": r.get("spec_accept_length"), "seconds": r.get("seconds")}
+                                               for r in replies]}
+        for got, want in zip(replies, baseline["outputs"]):
+            key = "output_ids" if got.get("output_ids") is not None and want.get("output_ids") is not None else "text"
+            a, b = got.get(key), want.get(key)
+            if a != b:
+                idx = next((i for i, (x, y) in enumerate(zip(a or [], b or [])) if x != y), min(len(a or []), len(b or [])))
+                return Stage("generation", "fail", time.monotonic() - t0,
+                             f"prompt {got['prompt']!r}: output differs from the baseline at {('token' if key == 'output_ids' else 'character')} "
+                             f"{idx} (got {_snip(a, idx)}, baseline {_snip(b, idx)})", data)
+        min_accept = float(self.cfg.get("min_accept_length", 0.0))
+        if min_accept and (mean_accept is None or mean_accept < min_accept):
+            return Stage("generation", "fail", time.monotonic() - t0,
+                         f"speculative acceptance length {mean_accept} below probe.min_accept_length {min_accept}", data)
+        acc = f"; spec_accept_length {mean_accept}" if mean_accept is not None else ""
+        return Stage("generation", "pass", time.monotonic() - t0, f"{len(replies)} prompts match the baseline token for token{acc}", data)
+
+    # -- all -----------------------------------------------------------------------------------------------------------
+    def run(self, release: str | None, *, restart: Callable[[], None] | None = None, label: str = "probe") -> ProbeResult:
+        """Stages in order, stopping at the first failure. ``restart`` (if given) runs between the checks that do
+        not need the server (overlay, selftest) and the ones that do, so a release that cannot load is refused
+        without a restart and a crash is timed from the real start."""
+        stages: list[Stage] = []
+        for name in STAGES:
+            if stages and stages[-1].status == "fail":
+                stages.append(Stage(name, "not-run", 0.0, "an earlier stage failed"))
+                continue
+            if name == "startup" and restart is not None:
+                restart()
+            self.progress(f"{self.host.name}: probe stage {name}")
+            stage = self.generation() if name == "generation" else getattr(self, name)(release)
+            stage.seconds = round(stage.seconds, 3)
+            stages.append(stage)
+            if stage.status == "fail" and not stage.log_tail and name in ("startup", "generation"):
+                stage.log_tail = self._log_tail()
+        return ProbeResult(self.host.name, release, stages, label)
+
+    def _log_tail(self, lines: int = 40) -> str:
+        try:
+            return ServerControl(self.conn).logs(lines)["text"]
+        except DeployError:
+            return ""
+
+    def record_baseline(self, *, ddtree: bool = False) -> dict[str, Any]:
+        """Restart the server (DDTree off unless ``ddtree``), generate the fixed prompts, store the replies on the host,
+        then restart it as configured. The tokens of a non-speculative greedy run are the lossless reference."""
+        prompts = list(self.cfg.get("prompts") or [])
+        if not prompts:
+            raise OperationFailed(f"{self.host.source}: probe.prompts is empty; nothing to record")
+        ctl = ServerControl(self.conn)
+        state = self.conn.call("release", "show", root=self.host.release_root)
+        active = state["state"]["active"]
+        ctl.restart(release=active, ddtree=ddtree)
+        try:
+            start = self.startup(active if ddtree else None)
+            if start.status != "pass":
+                raise OperationFailed(f"host {self.host.name}: cannot record a baseline: {start.detail}\n{start.log_tail}")
+            replies = self.generate()
+        finally:
+            ctl.restart(release=active, ddtree=active is not None)
+        doc = {"recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": self.host.name, "ddtree": ddtree,
+               "release": active, "prompts": prompts, "max_new_tokens": int(self.cfg.get("max_new_tokens", 32)),
+               "outputs": [{"prompt": r["prompt"], "output_ids": r.get("output_ids"), "text": r.get("text")} for r in replies]}
+        self.conn.call("probe", "write_json", timeout=30, path=baseline_path(self.host), data=doc)
+        return doc
+
+    def has_baseline(self) -> bool:
+        return self.conn.call("probe", "read_json", timeout=30, path=baseline_path(self.host)) is not None
+
+
+def _snip(seq: Any, idx: int, width: int = 4) -> str:
+    if seq is None:
+        return "nothing"
+    part = seq[max(0, idx - 1): idx + width]
+    return repr(part)

@@ -1,0 +1,278 @@
+# Probe stages that must run on the host: what the server's Python imports, the kernel self-test on the host
+# GPU, start-up watching (pid + log + /health polled every ~100 ms in ONE call, so a dead server is seen at
+# once and not after an SSH round trip per poll), and the fixed generation prompts. Stdlib only.
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+try:
+    from urllib import request as _request
+    from urllib.error import HTTPError as _HTTPError, URLError as _URLError
+except ImportError:  # pragma: no cover
+    raise
+
+TRACEBACK = b"Traceback (most recent call last)"
+
+# Runs under the server's interpreter with the server's environment. Never imports sglang itself (that needs the
+# GPU stack); resolves it with find_spec and loads only the DDTree package by file path, like the runtime loader.
+_INSPECT = r'''
+import importlib.util, json, os, sys, traceback
+out = {"executable": sys.executable, "pythonpath": os.environ.get("PYTHONPATH", ""), "expect_real": os.path.realpath(sys.argv[4])}
+spec = importlib.util.find_spec("sglang")
+if spec is None or not spec.submodule_search_locations:
+    out["sglang"] = None
+else:
+    pkg = list(spec.submodule_search_locations)[0]
+    out["sglang"] = pkg
+    out["sglang_real"] = os.path.realpath(pkg)
+    rdir = os.path.join(pkg, *sys.argv[1].split("/"))
+    init = os.path.join(rdir, "__init__.py")
+    out["runtime_dir"] = os.path.realpath(rdir)
+    out["runtime_present"] = os.path.isfile(init)
+    if out["runtime_present"] and sys.argv[2] == "1":
+        try:
+            s = importlib.util.spec_from_file_location("ddtree_probe_runtime", init, submodule_search_locations=[rdir])
+            m = importlib.util.module_from_spec(s)
+            sys.modules["ddtree_probe_runtime"] = m
+            s.loader.exec_module(m)
+            out["runtime_version"] = getattr(m, "__version__", None)
+            out["runtime_file"] = os.path.realpath(m.__file__)
+            if sys.argv[3] == "selftest":
+                fn = getattr(m, "self_test", None)
+                if fn is None:
+                    out["selftest"] = {"ok": False, "error": "runtime has no self_test()"}
+                else:
+                    out["selftest"] = json.loads(json.dumps(fn("cuda"), default=str))
+        except BaseException:
+            out["import_error"] = traceback.format_exc()[-3000:]
+print("@@PROBE@@" + json.dumps(out))
+'''
+
+
+def _env(root, env):
+    full = dict(os.environ)
+    full.update({k: str(v) for k, v in (env or {}).items()})
+    current = os.path.join(root, "current")
+    rest = full.get("PYTHONPATH", "")
+    full["PYTHONPATH"] = current + (os.pathsep + rest if rest else "")
+    return full
+
+
+def _run_inspect(root, env, runtime_subdir, load, mode, timeout, expect="/"):
+    t0 = time.time()
+    try:
+        proc = subprocess.run([_sys.executable, "-c", _INSPECT, runtime_subdir, "1" if load else "0", mode, expect],
+                              env=_env(root, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                              cwd=root if os.path.isdir(root) else "/")
+    except subprocess.TimeoutExpired:
+        raise Failure("the server's Python did not finish the %s check within %.0f s" % (mode, timeout), "timeout")
+    text = proc.stdout.decode("utf-8", "replace")
+    if "@@PROBE@@" not in text:
+        raise Failure("the server's Python failed the %s check (exit %d): %s"
+                      % (mode, proc.returncode, proc.stderr.decode("utf-8", "replace")[-2000:]), "crash")
+    out = _json.loads(text.rsplit("@@PROBE@@", 1)[1].strip().splitlines()[0])
+    out["seconds"] = round(time.time() - t0, 3)
+    return out
+
+
+def inspect(root, env, runtime_subdir, expect, load=True, budget=60.0):
+    """Where the server's Python finds sglang (and ``expect`` resolved the same way), and the DDTree runtime's
+    version (loaded by file path)."""
+    out = _run_inspect(root, env, runtime_subdir, load, "inspect", budget, expect)
+    out["gpu"] = gpu()
+    return out
+
+
+def gpu():
+    """GPUs the host has, from nvidia-smi (absent or failing: no GPU)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {"present": False, "why": "nvidia-smi not found"}
+    try:
+        proc = subprocess.run([exe, "-L"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"present": False, "why": "nvidia-smi failed: %s" % exc}
+    lines = [ln for ln in proc.stdout.decode("utf-8", "replace").splitlines() if ln.startswith("GPU ")]
+    if proc.returncode != 0 or not lines:
+        return {"present": False, "why": "nvidia-smi lists no GPU (exit %d)" % proc.returncode}
+    return {"present": True, "gpus": lines}
+
+
+def selftest(root, env, runtime_subdir, budget=120.0):
+    """Call the runtime's self_test("cuda") under the server's Python and environment."""
+    return _run_inspect(root, env, runtime_subdir, True, "selftest", budget)
+
+
+# -- start-up ------------------------------------------------------------------------------------------------------------
+def _pid_alive_file(pid_file):
+    try:
+        with open(pid_file) as fh:
+            record = _json.load(fh)
+    except (OSError, ValueError):
+        return False, None
+    pid = record.get("pid")
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return False, pid
+    if fields[0] in ("Z", "X") or int(fields[19]) != record.get("start_ticks"):
+        return False, pid
+    return True, pid
+
+
+def _pid_alive_systemd(unit):
+    proc = subprocess.run(["systemctl", "show", unit, "-p", "MainPID", "-p", "ActiveState"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    props = dict(ln.split("=", 1) for ln in proc.stdout.decode().splitlines() if "=" in ln)
+    pid = int(props.get("MainPID") or 0)
+    return props.get("ActiveState") in ("active", "activating", "reloading") and pid > 0, pid or None
+
+
+def _read_log(source, offset):
+    """New log bytes since ``offset`` (file) or since the unit's start (journal)."""
+    if source.get("kind") == "journal":
+        proc = subprocess.run(["journalctl", "-u", source["unit"], "--since", source.get("since", "-10min"),
+                               "--no-pager", "-o", "cat"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        data = proc.stdout
+        return data[offset:], len(data)
+    try:
+        with open(source["path"], "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return b"", offset
+    return data, offset + len(data)
+
+
+def _tail_text(source, lines=40):
+    data, _ = _read_log(source, 0)
+    return "\n".join(data[-65536:].decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def _http(url, timeout, data=None):
+    req = _request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with _request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except _HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_ready(pid_source, log_source, url, budget, poll=0.1, health_timeout=5.0):
+    """Return as soon as the outcome is known: ready (/health 200), dead (process gone), traceback (in the log),
+    or timeout (budget spent). /health is polled in a thread so a slow answer never delays seeing a death."""
+    t0 = time.time()
+    deadline = t0 + budget
+    ready = threading.Event()
+    last = {"status": None, "error": None, "polls": 0}
+    stop = threading.Event()
+
+    def poll_health():
+        while not stop.is_set():
+            try:
+                code, _ = _http(url, timeout=min(health_timeout, max(0.2, deadline - time.time())))
+                last["status"], last["error"] = code, None
+                if code == 200:
+                    ready.set()
+                    return
+            except Exception as exc:  # refused, reset, timeout: "not yet"
+                last["error"] = str(getattr(exc, "reason", exc))
+            last["polls"] += 1
+            stop.wait(poll)
+
+    thread = threading.Thread(target=poll_health, daemon=True)
+    thread.start()
+    offset = 0
+    seen = b""
+    state, pid = None, None
+    try:
+        while True:
+            if pid_source["kind"] == "systemd":
+                alive, pid = _pid_alive_systemd(pid_source["unit"])
+            else:
+                alive, pid = _pid_alive_file(pid_source["path"])
+            if ready.is_set():
+                state = "ready"
+                break
+            if not alive:
+                state = "dead"
+                break
+            chunk, offset = _read_log(log_source, offset)
+            seen = (seen + chunk)[-(len(TRACEBACK) + 65536):]
+            if TRACEBACK in seen:
+                state = "traceback"
+                break
+            if time.time() >= deadline:
+                state = "timeout"
+                break
+            ready.wait(poll)
+    finally:
+        stop.set()
+    res = {"state": state, "seconds": round(time.time() - t0, 3), "pid": pid, "health_status": last["status"],
+           "health_error": last["error"], "health_polls": last["polls"]}
+    if state != "ready":
+        res["log_tail"] = _tail_text(log_source)
+    return res
+
+
+def server_info(url, timeout=5.0):
+    try:
+        code, body = _http(url.rstrip("/") + "/get_server_info", timeout)
+    except Exception as exc:
+        return {"status": None, "error": str(exc)}
+    try:
+        return {"status": code, "info": _json.loads(body.decode("utf-8", "replace"))}
+    except ValueError:
+        return {"status": code, "info": None}
+
+
+def generate(url, prompts, max_new_tokens, budget=60.0):
+    timeout = budget
+    """Each prompt once at temperature 0; the tokens, text and speculative acceptance length of each reply."""
+    results = []
+    deadline = time.time() + timeout
+    for prompt in prompts:
+        body = _json.dumps({"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)}}).encode()
+        t0 = time.time()
+        remaining = deadline - t0
+        if remaining <= 0:
+            raise Failure("generation budget of %.0f s spent before prompt %r" % (timeout, prompt), "timeout")
+        try:
+            code, raw = _http(url.rstrip("/") + "/generate", remaining, data=body)
+        except Exception as exc:
+            raise Failure("POST /generate for prompt %r failed: %s" % (prompt, getattr(exc, "reason", exc)), "http")
+        if code != 200:
+            raise Failure("POST /generate for prompt %r answered HTTP %d: %s" % (prompt, code, raw[:500].decode("utf-8", "replace")), "http")
+        try:
+            reply = _json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            raise Failure("POST /generate for prompt %r returned non-JSON: %r" % (prompt, raw[:200]), "http")
+        meta = reply.get("meta_info") or {}
+        results.append({"prompt": prompt, "output_ids": reply.get("output_ids"), "text": reply.get("text"),
+                        "spec_accept_length": meta.get("spec_accept_length"), "completion_tokens": meta.get("completion_tokens"),
+                        "seconds": round(time.time() - t0, 3)})
+    return results
+
+
+def read_json(path):
+    try:
+        with open(path) as fh:
+            return _json.load(fh)
+    except FileNotFoundError:
+        return None
+
+
+def write_json(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(_json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+OPS = {"inspect": inspect, "gpu": gpu, "selftest": selftest, "wait_ready": wait_ready, "server_info": server_info,
+       "generate": generate, "read_json": read_json, "write_json": write_json}
