@@ -49,9 +49,13 @@ class GenerationResult:
 
 
 def sample_ar(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-    """One autoregressive draw from logits [V]: argmax when greedy, else softmax(logits / T)."""
+    """One autoregressive draw from logits [V]: argmax when greedy, else softmax(logits / T).
+
+    Greedy takes the argmax of the fp32-rounded logits, as the runtime's sample_target_tokens does,
+    so both paths apply the same rounding before comparing candidates.
+    """
     if temperature < GREEDY_EPS:
-        return int(logits.argmax())
+        return int(logits.float().argmax())
     probs = torch.softmax(logits.double() / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 
@@ -158,7 +162,7 @@ class Engine:
     ) -> tuple[list[int], int, torch.Tensor]:
         """One draft -> tree -> verify -> walk -> compaction round; returns committed tokens and the new context feature."""
         rt = self.runtime
-        draft_logits = self.drafter.draft(root, ctx_token, ctx_hidden)[None]  # [1, L, V]
+        draft_logits = self.drafter.draft(root, cache.length, ctx_token, ctx_hidden)[None]  # [1, L, V]
         vocab = draft_logits.shape[-1]
         if self.algorithm == "DFLASH":
             k, budget = 1, self.drafter.depths  # one candidate per depth: the top-1 chain

@@ -32,10 +32,11 @@ class ModelConfig:
     n_layers: int = 2
     n_heads: int = 4
     mlp_mult: int = 4
-    attn_gain: float = 0.6  # scale of each attention output: how much context moves the next token
+    attn_gain: float = 0.3  # scale of each attention output: how much context moves the next token
     logit_scale: float = 5.0  # std of logits: higher = more peaked next-token distributions
     rope_theta: float = 10000.0
-    context_carry: float = 1.0  # drafter: weight of the target's context feature, decayed per depth
+    abs_pos_scale: float = 1.0  # absolute sinusoidal position signal added to embeddings (breaks greedy cycles)
+    context_carry: float = 0.5  # drafter: weight of the target's context feature, decayed per depth
     seed: int = 0
 
 
@@ -65,6 +66,14 @@ class KVCache:
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _abs_pos(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Sinusoidal absolute position signal [T, dim] with slow frequencies (periods 24..~2400 tokens)."""
+    half = dim // 2
+    periods = 24.0 * (100.0 ** (torch.arange(half, dtype=dtype) / max(half - 1, 1)))
+    angles = positions.to(dtype)[:, None] * (2 * math.pi / periods)[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -138,7 +147,7 @@ class TinyTarget:
             mask = torch.ones(t, t, dtype=torch.bool).tril()
         full_mask = torch.cat([torch.ones(t, start, dtype=torch.bool), mask], dim=1)  # [T, S+T]
         n_h, h_d = cfg.n_heads, cfg.hidden // cfg.n_heads
-        x = self.embed[tokens]
+        x = self.embed_at(tokens, positions)
         for li, p in enumerate(self.layers):
             h = _rms_norm(x, p["norm1"])
             q = _rope((h @ p["wq"]).view(t, n_h, h_d), positions, cfg.rope_theta)
@@ -154,15 +163,21 @@ class TinyTarget:
             x = x + torch.nn.functional.silu(h @ p["w1"]) @ p["w2"]
         return self.logits_from_hidden(x), x
 
-    @torch.inference_mode()
-    def isolated_hidden(self) -> torch.Tensor:
-        """Hidden state of every vocab token run alone (no context): [V, D].
+    def embed_at(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed[tokens]
+        if self.cfg.abs_pos_scale:
+            x = x + self.cfg.abs_pos_scale * _abs_pos(positions, self.cfg.hidden, self.dtype)
+        return x
 
-        With a single token, attention sees only itself and its softmax weight is 1, so the
-        attention output is just that token's value projection; RoPE does not touch values.
-        This equals ``forward`` on a one-token sequence, vectorised over the vocabulary.
+    @torch.inference_mode()
+    def isolated_hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden state [T, D] of each token run alone (no context) at its position.
+
+        With a single visible token, attention's softmax weight is 1, so the attention output is
+        just that token's value projection; RoPE does not touch values. Row i therefore equals
+        ``forward`` on the one-token sequence tokens[i] at positions[i] (a test checks this).
         """
-        x = self.embed.clone()
+        x = self.embed_at(tokens, positions)
         for p in self.layers:
             h = _rms_norm(x, p["norm1"])
             x = x + (h @ p["wv"]) @ p["wo"]
@@ -186,17 +201,17 @@ class BlockDrafter:
             raise ValueError("block_size must be >= 2 (at least one draft depth)")
         self.target = target
         self.depths = block_size - 1
-        self.isolated = target.isolated_hidden()
         self.carry = target.cfg.context_carry
 
     @torch.inference_mode()
-    def draft(self, root_token: int, ctx_token: int, ctx_hidden: torch.Tensor) -> torch.Tensor:
-        """Draft logits [L, V] for depths 1..L below ``root_token``."""
-        residual = ctx_hidden - self.isolated[ctx_token]
+    def draft(self, root_token: int, root_pos: int, ctx_token: int, ctx_hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [L, V] for depths 1..L below ``root_token`` (at position ``root_pos``)."""
+        iso = self.target.isolated_hidden
+        residual = ctx_hidden - iso(torch.tensor([ctx_token]), torch.tensor([root_pos - 1]))[0]
         out = []
         tok = root_token
         for d in range(1, self.depths + 1):
-            hidden = self.isolated[tok] + (self.carry**d) * residual
+            hidden = iso(torch.tensor([tok]), torch.tensor([root_pos + d - 1]))[0] + (self.carry**d) * residual
             logits = self.target.logits_from_hidden(hidden)
             out.append(logits)
             tok = int(logits.argmax())
