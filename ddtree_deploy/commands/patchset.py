@@ -1,0 +1,218 @@
+"""``ddtree-deploy patchset …``: list, show, check, diff, and the developer workflow (dev, refresh).
+
+Thin: resolve the patch set and the base, call patch_apply / patch_dev, print a table or JSON, exit with the
+error's code (2 bad patch set, 5 does not apply).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..console import emit_json, err, out, table
+from ..errors import DeployError
+from ..patch_apply import SeriesDoesNotApply, apply_patchset, render_diff
+from ..patch_base import BaseSource, open_base
+from ..patchset_format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
+
+app = typer.Typer(
+    help="DDTree patch sets (patches/<name>/sglang-<version>/patchset.yaml): a versioned series of patches plus "
+    "vendored runtime files, applied all-or-nothing with no fuzz onto a base (a host snapshot or a released wheel) "
+    "to make an overlay. `dev` and `refresh` edit a series as git commits, like quilt or patch-package.\n\n"
+    "Exit codes: 2 bad patch set or flag, 5 the series does not apply to this base.",
+    no_args_is_help=True,
+)
+
+NameArg = typer.Argument(..., help="patch set: NAME/DIR (ddtree/sglang-0.5.11), a bare NAME (ddtree: picked by the "
+                         "base's version), or a path to a patch-set folder or patchset.yaml")
+SnapshotOpt = typer.Option(None, "--snapshot", help="base: a snapshot id from the local store (`ddtree-deploy snapshot list`)")
+BaseOpt = typer.Option(None, "--base", help="base: a released wheel, PACKAGE==VERSION (sglang==0.5.23, downloaded once "
+                       "and cached) or a path to a .whl file")
+DriftOpt = typer.Option(False, "--allow-base-drift", help="try the series on a base other than the one it was made for "
+                        "(version or file hashes differ); reported loudly in the output and the overlay notes")
+ThreeWayOpt = typer.Option(False, "--3way", help="when a patch does not apply exactly, retry it as a 3-way merge "
+                           "against the patch set's own base release; every patch that needed it is reported")
+RootOpt = typer.Option(None, "--patches", help="patch-set root (default: $DDTREE_PATCHES, else ./patches)")
+JsonOpt = typer.Option(False, "--json", help="print JSON instead of tables")
+
+
+def _resolve(name: str, base: BaseSource | None, root: Optional[Path], allow_drift: bool) -> PatchSet:
+    if base is not None and "/" not in name and not Path(name).exists():
+        return find_patchset_for(name, base.version, package=base.package, root=root, allow_drift=allow_drift)
+    return load_patchset(name, root=root)
+
+
+def _progress(message: str) -> None:
+    if sys.stderr.isatty():
+        err.print(f"[dim]{message}[/dim]", highlight=False)
+
+
+@app.command("list")
+def list_cmd(root: Optional[Path] = RootOpt, as_json: bool = JsonOpt) -> None:
+    """List the patch sets under the patches root (each one validated; a broken one shows its error)."""
+    root = root or default_patches_root()
+    rows = []
+    for name in list_patchset_names(root):
+        try:
+            ps = load_patchset(name, root=root)
+            rows.append({"name": name, "ok": True, "version": ps.version,
+                         "base": f"{ps.base_package} {ps.base_version}", "patches": len(ps.patches),
+                         "runtime_files": len(ps.runtime.files) if ps.runtime else 0, "path": str(ps.yaml_path)})
+        except DeployError as exc:
+            rows.append({"name": name, "ok": False, "error": str(exc)})
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        out.print(f"no patch sets under {root}")
+        return
+    out.print(table(f"patch sets in {root}", ["name", "version", "base", "patches", "runtime files", "problem"],
+                    [[r["name"], r.get("version"), r.get("base"), r.get("patches"), r.get("runtime_files"),
+                      r.get("error", "")] for r in rows]))
+
+
+@app.command("show")
+def show_cmd(name: str = NameArg, root: Optional[Path] = RootOpt, as_json: bool = JsonOpt) -> None:
+    """Show a patch set: base and its file hashes, requirements, the series (files, +/- lines) and runtime files."""
+    ps = load_patchset(name, root=root)
+    info = ps.describe()
+    if as_json:
+        emit_json(info)
+        return
+    out.print(f"[bold]{ps.qualified_name}[/bold] {ps.version}  ({ps.yaml_path})")
+    if ps.description:
+        out.print(ps.description)
+    out.print(f"base: {ps.base_package} {ps.base_version}, {len(ps.base_files)} file hash(es)   requires: "
+              + (", ".join(f"{k} {v}" for k, v in ps.requires.items()) or "nothing"))
+    out.print(table("series (applied in order, git apply -p1, no fuzz)", ["#", "patch", "subject", "files", "+", "-"],
+                    [[i, s["name"], s["subject"], "\n".join(s["files"]), s["added"], s["removed"]]
+                     for i, s in enumerate(info["series"], 1)]))
+    if ps.runtime:
+        out.print(f"runtime: {len(ps.runtime.files)} file(s) from {ps.runtime.source} → {ps.runtime.dest}/")
+
+
+@app.command("check")
+def check_cmd(
+    name: str = NameArg,
+    snapshot: Optional[str] = SnapshotOpt,
+    base: Optional[str] = BaseOpt,
+    allow_base_drift: bool = DriftOpt,
+    three_way: bool = ThreeWayOpt,
+    root: Optional[Path] = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Does the series apply to this base? Checks version and base-file hashes, applies every patch onto a staging
+    copy, and prints the overlay it would make (exit 5 naming patch, file and hunk if not; nothing is produced)."""
+    src = open_base(snapshot=snapshot, base=base)
+    ps = _resolve(name, src, root, allow_base_drift)
+    try:
+        result = apply_patchset(ps, src, allow_base_drift=allow_base_drift, three_way=three_way, progress=_progress)
+    except SeriesDoesNotApply as exc:
+        if as_json:
+            emit_json({"ok": False, "patchset": ps.qualified_name, "base": src.describe(), "error": exc.message,
+                       "details": exc.details})
+            raise typer.Exit(exc.exit_code)
+        raise
+    if as_json:
+        emit_json({"patchset": ps.qualified_name, "base": src.describe(), **result.describe()})
+        return
+    for w in result.warnings:
+        err.print(f"[bold yellow]WARNING:[/bold yellow] {w}", highlight=False)
+    out.print(f"[bold]{ps.qualified_name}[/bold] {ps.version} on {src.package} {src.version} ({src.label})", highlight=False)
+    for step in result.steps:
+        colour = "green" if step.status == "applied" else "yellow"
+        out.print(f"  [{colour}]{step.status:<8}[/{colour}] {step.name}  ({', '.join(step.files)})"
+                  + (f"\n           {step.detail}" if step.detail else ""), highlight=False)
+    ov = result.overlay
+    out.print(f"overlay {ov.digest[:16]} ({len(ov.files)} files):", highlight=False)
+    for f in ov.files:
+        out.print(f"  {f.action:<8} {f.mode:o} {len(f.content):>8} B  {f.path}", highlight=False)
+    for note in ov.notes:
+        if note not in result.warnings:
+            err.print(f"[bold yellow]NOTE:[/bold yellow] {note}", highlight=False)
+    out.print(f"[green]ok[/green]: {len(ps.patches)} patch(es) apply; overlay of {len(ov.files)} file(s)")
+
+
+@app.command("diff")
+def diff_cmd(
+    name: str = NameArg,
+    snapshot: Optional[str] = SnapshotOpt,
+    base: Optional[str] = BaseOpt,
+    allow_base_drift: bool = DriftOpt,
+    three_way: bool = ThreeWayOpt,
+    root: Optional[Path] = RootOpt,
+    no_pager: bool = typer.Option(False, "--no-pager", help="never page, even on a terminal"),
+) -> None:
+    """Print the unified diff the overlay makes against the base, file by file (paged on a terminal). The output
+    applies with `git apply -p1` onto the base."""
+    src = open_base(snapshot=snapshot, base=base)
+    ps = _resolve(name, src, root, allow_base_drift)
+    result = apply_patchset(ps, src, allow_base_drift=allow_base_drift, three_way=three_way, progress=_progress)
+    for note in result.overlay.notes:
+        err.print(f"[bold yellow]NOTE:[/bold yellow] {note}", highlight=False)
+    text = render_diff(result.overlay, src)
+    if sys.stdout.isatty() and not no_pager:
+        from rich.syntax import Syntax
+
+        with out.pager(styles=True):
+            out.print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
+    else:
+        sys.stdout.write(text)
+
+
+@app.command("dev")
+def dev_cmd(
+    name: str = NameArg,
+    directory: Path = typer.Argument(..., help="new directory for the git work tree"),
+    snapshot: Optional[str] = SnapshotOpt,
+    base: Optional[str] = BaseOpt,
+    allow_base_drift: bool = typer.Option(False, "--allow-base-drift", help="open the series on another base to port "
+                                          "it (patches are applied with git am --3way; the tree stops at a conflict)"),
+    root: Optional[Path] = RootOpt,
+) -> None:
+    """Make a git work tree to edit the series: the whole base package as the first commit (tag ddtree-base), then
+    one commit per patch. Edit, commit (one commit per patch), then run `patchset refresh NAME DIR`."""
+    from ..patch_dev import make_dev_tree
+
+    src = open_base(snapshot=snapshot, base=base)
+    ps = _resolve(name, src, root, allow_base_drift)
+    with err.status("building the work tree") as status:
+        tree = make_dev_tree(ps, src, directory, allow_base_drift=allow_base_drift,
+                             progress=lambda m: status.update(m))
+    for w in tree.warnings:
+        err.print(f"[bold yellow]WARNING:[/bold yellow] {w}", highlight=False)
+    out.print(f"work tree {tree.path}: {src.package} {src.version} + {len(tree.applied)} patch commit(s) of "
+              f"{ps.qualified_name}\nedit and commit there, then: ddtree-deploy patchset refresh {ps.yaml_path.parent} {tree.path}")
+
+
+@app.command("refresh")
+def refresh_cmd(
+    name: str = NameArg,
+    directory: Path = typer.Argument(..., help="the work tree made by `patchset dev`"),
+    renumber: bool = typer.Option(False, "--renumber", help="name every patch NNNN-<subject>.patch instead of keeping "
+                                  "the existing names of unchanged patches"),
+    root: Optional[Path] = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Write the work tree's commits after the base back as the series (one .patch per commit) and the sha256 of
+    every base file they touch into patchset.yaml (its comments are kept). Refuses a dirty tree."""
+    from ..patch_dev import refresh_patchset
+
+    ps = load_patchset(name, root=root)
+    res = refresh_patchset(ps, directory, renumber=renumber)
+    if as_json:
+        emit_json(res.__dict__)
+        return
+    out.print(table(f"{ps.qualified_name} refreshed from {directory}", ["patch", "status"],
+                    [[n, "written" if n in res.written else "unchanged"] for n in res.series]
+                    + [[n, "removed"] for n in res.removed]))
+    out.print(f"base.files: {len(res.base_files)} hash(es); patchset.yaml "
+              f"{'updated' if res.yaml_rewritten else 'unchanged'}"
+              + ("" if res.yaml_comments_kept else " (re-written: its comments could not be kept)"))
+
+
+def register(root_app: typer.Typer) -> None:
+    root_app.add_typer(app, name="patchset")

@@ -1,0 +1,26 @@
+"""Patch sets: the public entry points other stages call (the deploy stage, the CLI).
+
+The work is split by job: ``patchset_format`` (the YAML + series format and every refusal of hostile input),
+``patch_base`` (where base files come from: a snapshot or a wheel), ``patch_apply`` (all-or-nothing apply onto a
+staging copy → an Overlay, and the dry-run diff), ``patch_dev`` (the quilt-like developer workflow).
+"""
+
+from __future__ import annotations
+
+from .patch_apply import ApplyResult, PatchStep, SeriesDoesNotApply, apply_patchset, build_overlay, render_diff
+from .patch_base import BaseSource, SnapshotBase, WheelBase, open_base
+from .patchset_format import (
+    MAX_FILE_BYTES,
+    PatchFile,
+    PatchSet,
+    default_patches_root,
+    find_patchset_for,
+    list_patchset_names,
+    load_patchset,
+)
+
+__all__ = [
+    "ApplyResult", "BaseSource", "MAX_FILE_BYTES", "PatchFile", "PatchSet", "PatchStep", "SeriesDoesNotApply",
+    "SnapshotBase", "WheelBase", "apply_patchset", "build_overlay", "default_patches_root", "find_patchset_for",
+    "list_patchset_names", "load_patchset", "open_base", "render_diff",
+]
