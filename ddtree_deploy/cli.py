@@ -159,7 +159,9 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # click returns an Exit's code instead of raising it here
     except DeployError as exc:
-        err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, markup=True)
+        from rich.markup import escape  # messages quote code such as "Optional[int]": never read them as markup
+
+        err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, markup=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
