@@ -99,8 +99,17 @@ def build_overlay(patchset: PatchSet, base: BaseSource, *, allow_base_drift: boo
 def apply_patchset(patchset: PatchSet, base: BaseSource, *, allow_base_drift: bool = False, three_way: bool = False,
                    progress: Progress | None = None) -> ApplyResult:
     """Like :func:`build_overlay`, also returning per-patch steps and the warnings for the report."""
-    say = progress or (lambda _msg: None)
     warnings = check_base(patchset, base, allow_base_drift=allow_base_drift)
+    try:
+        return _apply(patchset, base, warnings, three_way=three_way, say=progress or (lambda _msg: None))
+    except SeriesDoesNotApply as exc:
+        if warnings:  # a failure under --allow-base-drift still says loudly that the base was not the right one
+            exc.message = "\n".join([*warnings, exc.message])
+            exc.details["warnings"] = warnings
+        raise
+
+
+def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_way: bool, say: Progress) -> ApplyResult:
     touched = patchset.touched_files()
     created = patchset.created_files()
     for path, pname in created.items():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from ..console import emit_json, err, out, table
 from ..errors import DeployError
@@ -120,19 +121,19 @@ def check_cmd(
         emit_json({"patchset": ps.qualified_name, "base": src.describe(), **result.describe()})
         return
     for w in result.warnings:
-        err.print(f"[bold yellow]WARNING:[/bold yellow] {w}", highlight=False)
+        err.print(f"[bold yellow]WARNING:[/bold yellow] {escape(w)}", highlight=False)
     out.print(f"[bold]{ps.qualified_name}[/bold] {ps.version} on {src.package} {src.version} ({src.label})", highlight=False)
     for step in result.steps:
         colour = "green" if step.status == "applied" else "yellow"
-        out.print(f"  [{colour}]{step.status:<8}[/{colour}] {step.name}  ({', '.join(step.files)})"
-                  + (f"\n           {step.detail}" if step.detail else ""), highlight=False)
+        out.print(f"  [{colour}]{step.status:<8}[/{colour}] {escape(step.name)}  ({escape(', '.join(step.files))})"
+                  + (f"\n           {escape(step.detail)}" if step.detail else ""), highlight=False)
     ov = result.overlay
     out.print(f"overlay {ov.digest[:16]} ({len(ov.files)} files):", highlight=False)
     for f in ov.files:
-        out.print(f"  {f.action:<8} {f.mode:o} {len(f.content):>8} B  {f.path}", highlight=False)
+        out.print(f"  {f.action:<8} {f.mode:o} {len(f.content):>8} B  {escape(f.path)}", highlight=False)
     for note in ov.notes:
         if note not in result.warnings:
-            err.print(f"[bold yellow]NOTE:[/bold yellow] {note}", highlight=False)
+            err.print(f"[bold yellow]NOTE:[/bold yellow] {escape(note)}", highlight=False)
     out.print(f"[green]ok[/green]: {len(ps.patches)} patch(es) apply; overlay of {len(ov.files)} file(s)")
 
 
@@ -152,7 +153,7 @@ def diff_cmd(
     ps = _resolve(name, src, root, allow_base_drift)
     result = apply_patchset(ps, src, allow_base_drift=allow_base_drift, three_way=three_way, progress=_progress)
     for note in result.overlay.notes:
-        err.print(f"[bold yellow]NOTE:[/bold yellow] {note}", highlight=False)
+        err.print(f"[bold yellow]NOTE:[/bold yellow] {escape(note)}", highlight=False)
     text = render_diff(result.overlay, src)
     if sys.stdout.isatty() and not no_pager:
         from rich.syntax import Syntax
@@ -183,7 +184,7 @@ def dev_cmd(
         tree = make_dev_tree(ps, src, directory, allow_base_drift=allow_base_drift,
                              progress=lambda m: status.update(m))
     for w in tree.warnings:
-        err.print(f"[bold yellow]WARNING:[/bold yellow] {w}", highlight=False)
+        err.print(f"[bold yellow]WARNING:[/bold yellow] {escape(w)}", highlight=False)
     out.print(f"work tree {tree.path}: {src.package} {src.version} + {len(tree.applied)} patch commit(s) of "
               f"{ps.qualified_name}\nedit and commit there, then: ddtree-deploy patchset refresh {ps.yaml_path.parent} {tree.path}")
 
