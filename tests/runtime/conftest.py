@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without a GPU the Triton kernels run in the interpreter (must be set before triton.jit decorates them).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "patches" / "ddtree" / "runtime"
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # heap_oracle and helpers
 
@@ -46,3 +50,20 @@ def gen(request) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed((RUN_SEED * 1000003 + sum(map(ord, request.node.nodeid))) & 0x7FFFFFFFFFFF)
     return g
+
+
+def _triton_runs() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+needs_triton = pytest.mark.skipif(not _triton_runs(), reason="triton missing, or no CUDA and TRITON_INTERPRET != 1")
+
+
+@pytest.fixture
+def dev() -> torch.device:
+    """Where kernel-vs-reference tests run: the GPU when present, else CPU through the interpreter."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -33,14 +33,15 @@ def _chunk_topk_kernel(x_ptr, lse_ptr, out_ptr, V: tl.constexpr, CHUNKS: tl.cons
     tl.store(out_ptr + (row * CHUNKS + chunk) * KP + tl.arange(0, KP), smallest(key, KP))
 
 
-def draft_topk_triton(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_topk_triton(draft_logits: torch.Tensor, k: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chunk`` (a power of two >= k) overrides the vocab tile; tests use small ones to get several tiles."""
     batch, depth, vocab = draft_logits.shape
     if not 1 <= k <= vocab:
         raise ValueError(f"k must be in [1, V={vocab}], got {k}")
     x = draft_logits.contiguous()
     lse = torch.logsumexp(x.float(), dim=-1).contiguous()
     kp = next_pow2(k)
-    chunk = max(kp, min(2048, next_pow2(vocab)))
+    chunk = max(kp, chunk or min(2048, next_pow2(vocab)))
     chunks = triton.cdiv(vocab, chunk)
     rows = batch * depth
     cand = torch.empty((rows, chunks * kp), device=x.device, dtype=torch.int64)

@@ -1,0 +1,63 @@
+"""Input makers and comparisons shared by the runtime tests (real data paths, no mocks)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+TREE_FIELDS = ("token", "parent", "depth", "score", "first_child", "next_sibling", "num_nodes")
+VERIFY_FIELDS = ("positions", "mask", "packed_mask", "retrive_index", "retrive_next_token", "retrive_next_sibling")
+WALK_FIELDS = ("accepted_nodes", "accept_len", "accepted_tokens", "bonus_token")
+
+
+def random_logits(gen: torch.Generator, batch: int, depth: int, vocab: int, kind: str = "normal") -> torch.Tensor:
+    """Draft logits of several flavours: continuous, small integers (many exact ties), all equal, peaked."""
+    if kind == "normal":
+        return torch.randn(batch, depth, vocab, generator=gen) * 2.0
+    if kind == "ties":
+        return torch.randint(-2, 2, (batch, depth, vocab), generator=gen).float()
+    if kind == "equal":
+        return torch.zeros(batch, depth, vocab)
+    if kind == "peaked":  # one dominant token per depth: the best tree is a chain to max depth
+        x = torch.randn(batch, depth, vocab, generator=gen)
+        x.scatter_(2, torch.randint(0, vocab, (batch, depth, 1), generator=gen), 40.0)
+        return x
+    raise ValueError(kind)
+
+
+def assert_same(a, b, fields, what: str = "") -> None:
+    for f in fields:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype, f"{what}{f}: dtype {x.dtype} != {y.dtype}"
+        assert x.shape == y.shape, f"{what}{f}: shape {tuple(x.shape)} != {tuple(y.shape)}"
+        assert torch.equal(x.cpu(), y.cpu()), f"{what}{f} differs:\n{x}\n{y}"
+
+
+def plant_targets(tree, gen: torch.Generator, vocab: int, p_follow: float = 0.8) -> torch.Tensor:
+    """Target tokens that follow a random child with probability p_follow at every node (else a random token)."""
+    batch, n1 = tree.parent.shape
+    target = torch.randint(0, vocab, (batch, n1), generator=gen)
+    parent = tree.parent.cpu()
+    token = tree.token.cpu()
+    for b in range(batch):
+        for i in range(int(tree.num_nodes[b])):
+            kids = (parent[b] == i).nonzero().flatten()
+            if len(kids) and float(torch.rand((), generator=gen)) < p_follow:
+                target[b, i] = token[b, kids[int(torch.randint(0, len(kids), (), generator=gen))]]
+    return target.to(tree.parent.device)
+
+
+def python_walk(parent: list[int], token: list[int], target: list[int], max_depth: int):
+    """The reference implementation's dict walk: children by token, descend while the target matches."""
+    children: dict[int, dict[int, int]] = {}
+    for i, p in enumerate(parent):
+        if p >= 0:
+            children.setdefault(p, {})[token[i]] = i
+    path, cur = [0], 0
+    while len(path) <= max_depth and target[cur] in children.get(cur, {}):
+        cur = children[cur][target[cur]]
+        path.append(cur)
+    return path, [target[n] for n in path]
+
+
+def np_f32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(np.float32)
