@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from .errors import OperationFailed, PatchDoesNotApply
 from .overlay import Overlay, OverlayFile
-from .patch_base import BaseSource, WheelBase
+from .patch_base import BaseSource, WheelBase, as_base_source
 from .patchset_format import MAX_FILE_BYTES, MODE_EXEC, FilePatch, Hunk, PatchFile, PatchSet, read_limited
 
 Progress = Callable[[str], None]
@@ -99,6 +99,7 @@ def build_overlay(patchset: PatchSet, base: BaseSource, *, allow_base_drift: boo
 def apply_patchset(patchset: PatchSet, base: BaseSource, *, allow_base_drift: bool = False, three_way: bool = False,
                    progress: Progress | None = None) -> ApplyResult:
     """Like :func:`build_overlay`, also returning per-patch steps and the warnings for the report."""
+    base = as_base_source(base)
     warnings = check_base(patchset, base, allow_base_drift=allow_base_drift)
     try:
         return _apply(patchset, base, warnings, three_way=three_way, say=progress or (lambda _msg: None))
@@ -120,6 +121,13 @@ def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_w
                 details={"patch": pname, "file": path, "reason": "file already exists in the base"},
             )
     staged = sorted(p for p in touched if p not in created)
+    for path in staged:
+        if not base.has(path):
+            raise SeriesDoesNotApply(
+                f"{touched[path]} changes {path}, but {base.package} {base.version} ({base.label}) has no such file; "
+                "nothing was produced",
+                details={"patch": touched[path], "file": path, "reason": "file missing in the base"},
+            )
     base_bytes = base.read_many(staged)
     steps = [PatchStep(p.name, p.touched, "not reached") for p in patchset.patches]
     notes: list[str] = list(warnings)
@@ -370,6 +378,7 @@ def _collect(stage: Path, patchset: PatchSet, base: BaseSource, base_bytes: dict
 def render_diff(overlay: Overlay, base: BaseSource) -> str:
     """A git-style unified diff of every overlay file against the base (``git apply -p1`` on the base reproduces
     the overlay). Used by ``patchset diff`` and ``apply --dry-run``."""
+    base = as_base_source(base)
     chunks: list[str] = []
     for f in sorted(overlay.files, key=lambda f: f.path):
         old = base.read(f.path) if f.action == "replace" and base.has(f.path) else None

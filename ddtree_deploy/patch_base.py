@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
-import tempfile
 import zipfile
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from .errors import InputError
 
@@ -133,26 +131,28 @@ class WheelBase(BaseSource):
 
 
 class SnapshotBase(BaseSource):
-    """A snapshot in the local store (``ddtree_deploy.snapshot``): manifest for the file list, blobs for content."""
+    """A snapshot in the local store (``ddtree_deploy.snapshot``): its manifest lists the files, its blobs hold them.
 
-    def __init__(self, snapshot_id: str, package: str = "sglang", store: object | None = None) -> None:
-        try:
-            from .snapshot import SnapshotStore  # imported late: the snapshot stage is optional for wheel users
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.endswith("snapshot"):
-                raise InputError("--snapshot: this build has no snapshot store yet; use --base sglang==X") from None
-            raise
-        self.store = store if store is not None else SnapshotStore()
-        self.snapshot = self.store.get(snapshot_id)  # type: ignore[attr-defined]
-        self.package = package
-        self.snapshot_id = snapshot_id
-        self.version = str(self.snapshot.package_version)
-        self.label = f"snapshot {snapshot_id}"
-        manifest = dict(self.snapshot.manifest)
-        self._manifest = {p: m for p, m in manifest.items() if p.startswith(f"{package}/")}
+    Every blob read is checked against the manifest's sha256, so a corrupted store cannot feed the apply step.
+    """
+
+    def __init__(self, snapshot: Any, package: str | None = None, store: Any | None = None) -> None:
+        if isinstance(snapshot, str):
+            store = store if store is not None else _default_store()
+            snapshot = store.get(snapshot)
+        elif store is None:  # a Snapshot object: its store is two levels up (<root>/<host>/<id>/)
+            store = _default_store(Path(snapshot.path).parent.parent)
+        self.store = store
+        self.snapshot = snapshot
+        self.package = package or getattr(snapshot, "package", None) or "sglang"
+        self.snapshot_id = str(snapshot.id)
+        if not snapshot.package_version:
+            raise InputError(f"snapshot {self.snapshot_id}: does not record the {self.package} version")
+        self.version = str(snapshot.package_version)
+        self.label = f"snapshot {self.snapshot_id}"
+        self._manifest = {p: m for p, m in dict(snapshot.manifest).items() if p.startswith(f"{self.package}/")}
         if not self._manifest:
-            raise InputError(f"snapshot {snapshot_id}: its manifest has no files under {package}/")
-        self._cache: dict[str, bytes] = {}
+            raise InputError(f"snapshot {self.snapshot_id}: its manifest has no files under {self.package}/")
 
     def list_files(self) -> list[str]:
         return sorted(self._manifest)
@@ -160,50 +160,59 @@ class SnapshotBase(BaseSource):
     def has(self, path: str) -> bool:
         return path in self._manifest
 
-    def mode(self, path: str) -> int:
+    def _entry(self, path: str) -> dict[str, Any]:
         entry = self._manifest.get(path)
         if entry is None:
             raise FileNotFoundError(f"{self.label} has no {path}")
-        return int(entry.get("mode", 0o644)) & 0o777 or 0o644
+        return entry
+
+    def mode(self, path: str) -> int:
+        return int(self._entry(path).get("mode", 0o644)) & 0o777 or 0o644
 
     def sha256(self, path: str) -> str:
-        entry = self._manifest.get(path)
-        if entry is None:
-            raise FileNotFoundError(f"{self.label} has no {path}")
-        return hashlib.sha256(self.read(path)).hexdigest()
+        self.read(path)  # verified against the manifest on the way
+        return str(self._entry(path)["sha256"])
 
     def read(self, path: str) -> bytes:
-        if path not in self._cache:
-            self.read_many([path])
-        return self._cache[path]
-
-    def read_many(self, paths: Iterable[str]) -> dict[str, bytes]:
-        wanted = [p for p in paths]
-        missing = [p for p in wanted if p not in self._manifest]
-        if missing:
-            raise FileNotFoundError(f"{self.label} has no {missing[0]}")
-        todo = [p for p in wanted if p not in self._cache]
-        if todo:
-            tmp = Path(tempfile.mkdtemp(prefix="ddtree-snap-"))
-            try:
-                self.store.materialize(self.snapshot, tmp, todo)  # type: ignore[attr-defined]
-                for p in todo:
-                    data = (tmp / p).read_bytes()
-                    want = self._manifest[p].get("sha256")
-                    if want and hashlib.sha256(data).hexdigest() != want:
-                        raise InputError(f"{self.label}: {p} in the store does not match its manifest hash")
-                    self._cache[p] = data
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        return {p: self._cache[p] for p in wanted}
+        entry = self._entry(path)
+        blob = Path(self.store.blob_path(entry["sha256"]))
+        try:
+            data = blob.read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"{self.label}: the blob of {path} is missing from the store "
+                             f"(`ddtree-deploy snapshot verify {self.snapshot_id}`)") from None
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise InputError(f"{self.label}: the blob of {path} does not match its manifest hash (store corrupted)")
+        return data
 
     def materialize(self, dest: Path, paths: Iterable[str] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> list[str]:
         todo = list(paths) if paths is not None else self.list_files()
-        self.store.materialize(self.snapshot, dest, todo)  # type: ignore[attr-defined]
+        self.store.materialize(self.snapshot, dest, todo)
         if progress:
             progress(len(todo), len(todo))
         return todo
+
+
+def _default_store(root: Path | None = None) -> Any:
+    try:
+        from .snapshot import SnapshotStore  # imported late: wheel users need no snapshot store
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.endswith("snapshot"):
+            raise InputError("--snapshot: this build has no snapshot store; use --base sglang==X") from None
+        raise
+    return SnapshotStore(root) if root is not None else SnapshotStore()
+
+
+def as_base_source(obj: Any) -> BaseSource:
+    """A BaseSource from what a caller holds: a BaseSource, a Snapshot object, or a snapshot id."""
+    if isinstance(obj, BaseSource):
+        return obj
+    if isinstance(obj, str):
+        return SnapshotBase(obj)
+    if hasattr(obj, "manifest") and hasattr(obj, "package_version"):
+        return SnapshotBase(obj)
+    raise TypeError(f"not a base source: {obj!r} (expected a BaseSource, a Snapshot or a snapshot id)")
 
 
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")

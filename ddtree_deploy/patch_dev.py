@@ -24,7 +24,7 @@ import yaml
 
 from .errors import InputError
 from .patch_apply import SeriesDoesNotApply, check_base, git, git_env, import_pristine_blobs, init_repo
-from .patch_base import BaseSource
+from .patch_base import BaseSource, as_base_source
 from .patchset_format import PATCHSET_FILE, PatchFile, PatchSet, load_patchset, parse_patch
 
 STATE_FILE = "ddtree-dev.json"  # inside .git/
@@ -61,6 +61,7 @@ def make_dev_tree(patchset: PatchSet, base: BaseSource, dest: Path, *, allow_bas
                   progress: Callable[[str], None] | None = None) -> DevTree:
     """A git work tree at ``dest``: the base package as the first commit, then one commit per patch."""
     say = progress or (lambda _m: None)
+    base = as_base_source(base)
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputError(f"{dest}: exists and is not an empty directory; give a new directory for the work tree")
@@ -242,7 +243,7 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) 
             (patchset.dir / old).unlink()
             removed.append(old)
     load_patchset(patchset.yaml_path)  # what we wrote must load, or the run is an error
-    state["patches"] = [{"name": n, "commit": c, "subject": _commit_subject(repo, c)} for n, c in zip(names, commits)]
+    state["patches"] = [{"name": n, "commit": c, "subject": _commit_subject(repo, c)} for n, c in zip(names, commits, strict=True)]
     _write_state(repo, state)
     return RefreshResult(series=names, written=written, unchanged=unchanged, removed=removed, base_files=base_files,
                          yaml_rewritten=new_text != old_text, yaml_comments_kept=kept)

@@ -8,7 +8,7 @@ staging copy → an Overlay, and the dry-run diff), ``patch_dev`` (the quilt-lik
 from __future__ import annotations
 
 from .patch_apply import ApplyResult, PatchStep, SeriesDoesNotApply, apply_patchset, build_overlay, render_diff
-from .patch_base import BaseSource, SnapshotBase, WheelBase, open_base
+from .patch_base import BaseSource, SnapshotBase, WheelBase, as_base_source, open_base
 from .patchset_format import (
     MAX_FILE_BYTES,
     PatchFile,
@@ -20,7 +20,7 @@ from .patchset_format import (
 )
 
 __all__ = [
-    "ApplyResult", "BaseSource", "MAX_FILE_BYTES", "PatchFile", "PatchSet", "PatchStep", "SeriesDoesNotApply",
+    "ApplyResult", "BaseSource", "as_base_source", "MAX_FILE_BYTES", "PatchFile", "PatchSet", "PatchStep", "SeriesDoesNotApply",
     "SnapshotBase", "WheelBase", "apply_patchset", "build_overlay", "default_patches_root", "find_patchset_for",
     "list_patchset_names", "load_patchset", "open_base", "render_diff",
 ]

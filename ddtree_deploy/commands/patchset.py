@@ -14,8 +14,8 @@ import typer
 from rich.markup import escape
 
 from ..console import emit_json, err, out, table
-from ..errors import DeployError
-from ..patch_apply import SeriesDoesNotApply, apply_patchset, render_diff
+from ..errors import DeployError, PatchDoesNotApply
+from ..patch_apply import apply_patchset, render_diff
 from ..patch_base import BaseSource, open_base
 from ..patchset_format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
 
@@ -111,11 +111,11 @@ def check_cmd(
     ps = _resolve(name, src, root, allow_base_drift)
     try:
         result = apply_patchset(ps, src, allow_base_drift=allow_base_drift, three_way=three_way, progress=_progress)
-    except SeriesDoesNotApply as exc:
+    except PatchDoesNotApply as exc:
         if as_json:
             emit_json({"ok": False, "patchset": ps.qualified_name, "base": src.describe(), "error": exc.message,
-                       "details": exc.details})
-            raise typer.Exit(exc.exit_code)
+                       "details": getattr(exc, "details", {})})
+            raise typer.Exit(exc.exit_code) from None
         raise
     if as_json:
         emit_json({"patchset": ps.qualified_name, "base": src.describe(), **result.describe()})
