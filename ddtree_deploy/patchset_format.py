@@ -560,6 +560,8 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
     patches = []
     for idx, entry in enumerate(data["series"]):
         ppath = ps_dir / entry
+        if ppath.is_symlink():
+            raise InputError(f"{src}: field 'series[{idx}]': {entry} is a symlink: refused (patches must be files in {ps_dir})")
         if ppath.resolve().parent != ps_dir.resolve():
             raise InputError(f"{src}: field 'series[{idx}]': {entry!r} is not inside the patch-set directory {ps_dir}")
         body = read_limited(ppath, what=f"{src}: field 'series[{idx}]': patch")
