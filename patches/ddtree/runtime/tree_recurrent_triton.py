@@ -141,8 +141,11 @@ def _tree_gdn_kernel(
             b_h = h_st.to(tl.float32)
 
 
-def _pick_bv(batch: int, hv: int, vdim: int) -> int:
-    """Smaller V blocks when the batch is small, so that enough programs run (about two per SM on an H200)."""
+def _pick_bv(batch: int, hv: int, vdim: int, on_cuda: bool = True) -> int:
+    """Smaller V blocks when the batch is small, so that enough programs run (about two per SM on an H200).
+    The CPU interpreter runs programs one after another, so there one block covers V."""
+    if not on_cuda:
+        return triton.next_power_of_2(vdim)
     bv = min(32, triton.next_power_of_2(vdim))
     while bv > 8 and batch * hv * triton.cdiv(vdim, bv) < 264:
         bv //= 2
@@ -168,7 +171,7 @@ def tree_gated_delta_rule_triton(q, k, v, g, beta, parent, ssm_state, cache_slot
     parent = parent if parent.stride(1) == 1 else parent.contiguous()
     o = torch.empty(batch, n1, hv, vdim, dtype=q.dtype, device=q.device)
     bk = triton.next_power_of_2(kdim)
-    bv = _pick_bv(batch, hv, vdim)
+    bv = _pick_bv(batch, hv, vdim, q.is_cuda)
     grid = (triton.cdiv(vdim, bv), batch * hv)
     _tree_gdn_kernel[grid](
         q, k, v, g, beta, parent, cache_slot, ssm_state, o, node_ssm,
