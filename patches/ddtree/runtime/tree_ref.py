@@ -7,10 +7,13 @@ where score is the fp32 sum of the path's log-probs accumulated parent-first
 parent and elder sibling always come before it; the paper's heap (Algorithm 1) keyed this way therefore pops
 nodes in exactly this order, and the tree is the first ``budget`` nodes in it.
 
-Why "parent key" rather than "rank path" for equal scores: with fp32 rounding, two children can tie even though
-their parents' scores differ; ordering ties by the parents' own order keeps child order consistent with parent
-order, which makes the exact per-depth pruning below valid (a rank-path tie-break does not have that property).
-The two tie-breaks agree whenever no such rounding tie occurs.
+Why "parent key" rather than "rank path" for equal scores: ordering equal-score, equal-depth nodes by their
+parents' own order keeps child order consistent with parent order (child (j, s) never after child (i, r) when
+parent j precedes i and s <= r), which the exact per-depth pruning below relies on. Under a rank-path tie-break
+fp32 rounding can make a child of a better-scored parent tie with, and sort after, a child of a worse one.
+The two tie-breaks differ only among equal-score nodes of one depth whose parents' score order differs from
+their rank-path order (exact ties such as integer-valued log-probs, or rounding); on continuous inputs they agree
+(tests/runtime/test_tree.py shows both cases).
 
 Algorithm (exact, fixed shapes, no host sync): C_0 = {root}. For each depth d, C_d = the ``budget`` best
 children of C_{d-1} (only pairs in :func:`keys.candidate_pairs` can qualify). The selected depth-d nodes are a
