@@ -177,3 +177,15 @@ def test_kernel_equals_reference_and_oracle(rt, gen, dev, case):
     assert_same(got, ref, TREE_FIELDS)
     assert got.max_depth == ref.max_depth == depth
     _assert_matches_oracle(got, lp.cpu(), tok.cpu(), roots.cpu(), budget)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", KERNEL_CASES[:2], ids=["normal", "ties"])
+def test_kernel_register_gather_variant(rt, gen, dev, case):
+    """The in-register parent read (tl.gather) builds the same tree as the scratch-memory read."""
+    from ddtree_runtime.tree_triton import build_tree_triton
+
+    batch, depth, vocab, budget, kind = case
+    lp, tok, roots = _tree_inputs(rt, gen, batch, depth, vocab, budget, kind, dev)
+    assert_same(build_tree_triton(lp, tok, roots, budget, use_gather=True),
+                rt.build_tree(lp, tok, roots, budget, impl="torch"), TREE_FIELDS)

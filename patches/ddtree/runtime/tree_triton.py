@@ -3,9 +3,10 @@
 Same algorithm, keys and output as :mod:`.tree_ref` (read its docstring for why it is exact):
 per depth, the candidate children (parent position i, rank r) with (i + 1)(r + 1) <= N are scored, the
 N best (bitonic top-k on packed int64 keys) become that depth's list, and a running top-N over the per-depth
-lists yields the selected nodes in key order. Parent indices are resolved through a small per-request
-scratch area in global memory (the only place a register block can be indexed by data); scratch reads bypass
-L1 (".cg") and a CTA barrier orders each write before the reads that follow it.
+lists yields the selected nodes in key order. Each depth reads its parents' scores either with an in-register
+``tl.gather`` (USE_GATHER) or through a per-request scratch row in global memory ordered by CTA barriers
+(bar.sync makes a CTA's global writes visible to the CTA); the final parent/link resolution always uses scratch.
+The next depth's log-probs are prefetched while the current depth sorts.
 No host synchronisation and fixed shapes: the launch can be captured in a CUDA graph.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _build_tree_kernel(
     token_ptr, parent_ptr, depth_ptr, score_ptr, first_ptr, next_ptr, num_ptr,
     s_score_ptr, s_valid_ptr, s_par_ptr, s_rank_ptr, s_node_ptr, s_link_ptr,
     K_IN, L: tl.constexpr,
-    N: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, N1P: tl.constexpr,
+    N: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, N1P: tl.constexpr, USE_GATHER: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     N1: tl.constexpr = N + 1
@@ -49,27 +50,41 @@ def _build_tree_kernel(
     cr = (packed & 0xFFFF).to(tl.int64)
 
     # C_0 = {root}: score 0
-    tl.store(s_score + offs, tl.where(offs == 0, 0.0, float("-inf")))
-    tl.store(s_valid + offs, (offs == 0).to(tl.int32))
+    p_sc = tl.where(offs == 0, 0.0, float("-inf"))
+    p_ok_reg = (offs == 0).to(tl.int32)
+    if not USE_GATHER:
+        tl.store(s_score + offs, p_sc)
+        tl.store(s_valid + offs, p_ok_reg)
     best = tl.full([NP], INVALID, tl.int64)  # running global top-N keys, ascending
+    ci_safe = tl.where(t_ok, ci, 0).to(tl.int32)
+    lp_next = tl.load(lp_row + cr, mask=t_ok, other=0.0)
     tl.debug_barrier()
     for d in range(0, L):
-        p_score = tl.load(s_score + ci, mask=t_ok, other=float("-inf"), cache_modifier=".cg")
-        p_ok = tl.load(s_valid + ci, mask=t_ok, other=0, cache_modifier=".cg")
-        lp = tl.load(lp_row + d * K_IN + cr, mask=t_ok, other=0.0)
+        lp = lp_next
+        lp_next = tl.load(lp_row + (d + 1) * K_IN + cr, mask=t_ok & (d + 1 < L), other=0.0)  # prefetch
+        if USE_GATHER:  # C_{d-1} stays in registers
+            p_score = tl.gather(p_sc, ci_safe, 0)
+            p_ok = tl.gather(p_ok_reg, ci_safe, 0)
+        else:
+            p_score = tl.load(s_score + ci, mask=t_ok, other=float("-inf"))
+            p_ok = tl.load(s_valid + ci, mask=t_ok, other=0)
         child = p_score + lp  # fp32, parent-first accumulation (same op as the reference)
         key = tl.where(t_ok & (p_ok != 0), (score_key(child) << 22) | (ci << 11) | cr, INVALID)
         top = smallest(key, NP)  # this depth's list C_d, ascending
         ok = top != INVALID
         skey = top >> 22
-        tl.debug_barrier()  # every read of C_{d-1} is done before it is overwritten
-        tl.store(s_score + offs, tl.where(ok, score_from_key(skey), float("-inf")))
-        tl.store(s_valid + offs, ok.to(tl.int32))
+        p_sc = tl.where(ok, score_from_key(skey), float("-inf"))
+        p_ok_reg = ok.to(tl.int32)
+        if not USE_GATHER:
+            tl.debug_barrier()  # every read of C_{d-1} is done before it is overwritten
+            tl.store(s_score + offs, p_sc)
+            tl.store(s_valid + offs, p_ok_reg)
         tl.store(s_par + d * NP + offs, ((top >> 11) & 2047).to(tl.int32))
         tl.store(s_rank + d * NP + offs, (top & 2047).to(tl.int32))
         gkey = tl.where(ok & (offs < N), (skey << 16) | (d * NP + offs), INVALID)
         best = smallest(tl.reshape(tl.join(best, gkey), [2 * NP]), NP)
-        tl.debug_barrier()
+        if not USE_GATHER:
+            tl.debug_barrier()
 
     sel = (offs < N) & (best != INVALID)
     flat = tl.where(sel, best & 0xFFFF, 0)
@@ -82,9 +97,9 @@ def _build_tree_kernel(
     tl.store(first_ptr + out_row + o1, tl.full([N1P], -1, tl.int32), mask=o1 < N1)
     tl.store(next_ptr + out_row + o1, tl.full([N1P], -1, tl.int32), mask=o1 < N1)
     tl.debug_barrier()
-    par_pos = tl.load(s_par + flat, mask=sel, other=0, cache_modifier=".cg")
-    rank = tl.load(s_rank + flat, mask=sel, other=0, cache_modifier=".cg")
-    up = tl.load(s_node + (dm1 - 1) * NP + par_pos, mask=sel & (dm1 > 0), other=0, cache_modifier=".cg")
+    par_pos = tl.load(s_par + flat, mask=sel, other=0)
+    rank = tl.load(s_rank + flat, mask=sel, other=0)
+    up = tl.load(s_node + (dm1 - 1) * NP + par_pos, mask=sel & (dm1 > 0), other=0)
     parent = tl.where(dm1 == 0, 0, up)
     tok = tl.load(tok_row + dm1 * K_IN + rank, mask=sel, other=0)
     live = offs < N
@@ -102,8 +117,8 @@ def _build_tree_kernel(
     link = tl.sort(tl.where(sel, parent.to(tl.int64) * 2048 + node, INVALID))
     tl.store(s_link + offs, link)
     tl.debug_barrier()
-    nxt = tl.load(s_link + offs + 1, mask=offs + 1 < NP, other=INVALID, cache_modifier=".cg")
-    prv = tl.load(s_link + offs - 1, mask=offs > 0, other=INVALID, cache_modifier=".cg")
+    nxt = tl.load(s_link + offs + 1, mask=offs + 1 < NP, other=INVALID)
+    prv = tl.load(s_link + offs - 1, mask=offs > 0, other=INVALID)
     has = link != INVALID
     l_par = link >> 11
     l_node = link & 2047
@@ -112,8 +127,12 @@ def _build_tree_kernel(
              mask=has & (nxt != INVALID) & ((nxt >> 11) == l_par))
 
 
+USE_GATHER_DEFAULT = False
+
+
 def build_tree_triton(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, root_tokens: torch.Tensor,
-                      budget: int) -> DraftTree:
+                      budget: int, use_gather: bool | None = None) -> DraftTree:
+    """``use_gather`` picks the per-depth parent read (None = ``USE_GATHER_DEFAULT``); both give equal trees."""
     batch, depth_l, k_in = check_build_args(topk_logprobs, topk_tokens, root_tokens, budget)
     dev = topk_logprobs.device
     n = budget
@@ -149,6 +168,7 @@ def build_tree_triton(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, ro
         s_score, s_valid, s_par, s_rank, s_node, s_link,
         k_in, L=depth_l,
         N=n, NP=np_, MP=mp, N1P=next_pow2(n1),
+        USE_GATHER=USE_GATHER_DEFAULT if use_gather is None else bool(use_gather),
         num_warps=4 if mp <= 1024 else 8,
     )
     return out
