@@ -85,9 +85,8 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
             if lock_info.get("broken"):
                 progress(f"{host.name}: broke the lock held by {lock_info['broken'].get('run_id')}")
             timings["lock"] = time.monotonic() - t
-            before = mgr.show()["state"]
-            previous = before["active"]
-            if record_baseline and host.probe.get("prompts") and not prober.has_baseline():
+            previous = lock_info["state"]["active"]
+            if record_baseline and host.probe.get("prompts") and not lock_info.get("has_baseline"):
                 progress(f"{host.name}: no generation baseline yet: recording one with DDTree off")
                 t = time.monotonic()
                 prober.record_baseline(ddtree=False)
@@ -116,11 +115,10 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
             timings["probe"] = time.monotonic() - t
             report.probe = probe
             if probe.ok:
-                mgr.mark(pushed.release_id, "good")
-                removed = mgr.cleanup()
+                removed = mgr.finish(pushed.release_id, "good", "apply", release=pushed.release_id, outcome="ok",
+                                     previous=previous)
                 report.details["removed_releases"] = removed
                 report.message = f"release {pushed.release_id} active and healthy"
-                mgr.journal("apply", release=pushed.release_id, outcome="ok", previous=previous)
                 return report
             stage = probe.failed_stage
             why = f"probe stage {stage.name} failed: {stage.detail}" if stage else "probe failed"
@@ -128,7 +126,6 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
             t = time.monotonic()
             _roll_back(mgr, ctl, prober, report, failed=pushed.release_id, why=why, server_ran_failed=restarted[0])
             timings["rollback"] = time.monotonic() - t
-            mgr.cleanup()
             return report
 
 
@@ -137,8 +134,7 @@ def _roll_back(mgr: ReleaseManager, ctl: ServerControl, prober: Prober, report: 
     """Switch back to the previous good release, mark ``failed`` bad, restart if needed, re-probe; fill ``report``."""
     state = mgr.show()["state"]
     target = rollback_target(state, failed)
-    mgr.mark(failed, "bad", note=why[:500])
-    mgr.switch(target, reason="rollback")
+    mgr.switch(target, reason="rollback", mark_bad=failed, note=why[:500])
     report.rolled_back_to = target
     # restart only if the server ran (or tried to run) the failed release, or is not running at all
     needs_restart = server_ran_failed or not ctl.status().get("running")
@@ -147,17 +143,16 @@ def _roll_back(mgr: ReleaseManager, ctl: ServerControl, prober: Prober, report: 
     report.rollback_probe = second
     where = f"release {target}" if target else "the installed package (no overlay)"
     if second.ok:
-        if target is not None:
-            mgr.mark(target, "good")
         report.status = "rolled-back"
         report.message = f"{why}; rolled back to {where}, which passes its probe"
-        mgr.journal("apply", release=failed, outcome="rolled-back", rolled_back_to=target, why=why[:500])
+        mgr.finish(target, "good" if target else None, "apply", release=failed, outcome="rolled-back",
+                   rolled_back_to=target, why=why[:500])
     else:
         stage = second.failed_stage
         report.status = "rollback-failed"
         report.message = (f"{why}; ROLLBACK TO {where.upper()} ALSO FAILED its probe"
-                          f" ({stage.name}: {stage.detail if stage else '?'}) — the host needs attention")
-        mgr.journal("apply", release=failed, outcome="rollback-failed", rolled_back_to=target, why=why[:500])
+                          f" ({stage.name if stage else '?'}: {stage.detail if stage else '?'}) — the host needs attention")
+        mgr.finish(None, None, "apply", release=failed, outcome="rollback-failed", rolled_back_to=target, why=why[:500])
     report.exit_code = EXIT_FAILED
 
 
@@ -301,8 +296,8 @@ def rollback(host: Host, *, to: str | None = None, to_installed: bool = False, b
         mgr = ReleaseManager(conn)
         ctl = ServerControl(conn)
         prober = Prober(conn, progress=progress)
-        with mgr.locked("ddtree-deploy rollback", break_lock=break_lock):
-            state = mgr.show()["state"]
+        with mgr.locked("ddtree-deploy rollback", break_lock=break_lock) as lock_info:
+            state = lock_info["state"]
             active = state["active"]
             if to_installed:
                 target = None
@@ -317,21 +312,18 @@ def rollback(host: Host, *, to: str | None = None, to_installed: bool = False, b
                 target = rollback_target(state, active)
             if target == active:
                 raise InputError(f"host {host.name}: {target or 'the installed package'} is already active")
-            if active is not None:
-                mgr.mark(active, "bad", note="rolled back by hand")
-            mgr.switch(target, reason="rollback")
+            mgr.switch(target, reason="rollback", mark_bad=active, note="rolled back by hand")
             report = ApplyReport(host.name, "ok", release=target, previous=active, rolled_back_to=target)
             report.probe = prober.run(target, restart=lambda: ctl.restart(release=target, ddtree=target is not None),
                                       label="after rollback")
             if report.probe.ok:
-                if target is not None:
-                    mgr.mark(target, "good")
                 report.message = f"rolled back from {active or 'the installed package'} to {target or 'the installed package'}"
             else:
                 report.status = "rollback-failed"
                 report.exit_code = EXIT_FAILED
                 report.message = f"ROLLED BACK TO {target or 'the installed package'} BUT ITS PROBE FAILED — the host needs attention"
-            mgr.journal("rollback", **{"from": active, "to": target, "outcome": report.status})
+            mgr.finish(target if report.probe.ok else None, "good" if report.probe.ok and target else None, "rollback",
+                       **{"from": active, "to": target, "outcome": report.status})
             return report
 
 

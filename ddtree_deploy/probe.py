@@ -197,7 +197,7 @@ class Prober:
         if state == "timeout":
             return Stage("startup", "fail", seconds, f"/health did not answer 200 within the start-up budget of {budget:g} s "
                          f"(last: {got.get('health_status') or got.get('health_error')})", data, tail)
-        info = self.conn.call("probe", "server_info", timeout=30, url=base_url(self.host)).get("info") or {}
+        info = (got.get("server_info") or {}).get("info") or {}
         runtime_path = info.get("ddtree_runtime_path")
         data["server_runtime_path"] = runtime_path
         if runtime_path and release is not None:
@@ -219,7 +219,14 @@ class Prober:
         prompts = list(self.cfg.get("prompts") or [])
         if not prompts:
             return Stage("generation", "skip", 0.0, f"no probe.prompts in {self.host.source}")
-        baseline = self.conn.call("probe", "read_json", timeout=30, path=baseline_path(self.host))
+        budget = float(self.cfg.get("generation_timeout", 120.0))
+        try:
+            got = self._call("generate", budget, url=base_url(self.host), prompts=prompts,
+                             max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget,
+                             baseline_path=baseline_path(self.host))
+        except DeployError as exc:
+            return Stage("generation", "fail", time.monotonic() - t0, str(exc))
+        baseline, replies = got["baseline"], got["replies"]
         if baseline is None:
             return Stage("generation", "skip", time.monotonic() - t0,
                          f"no baseline recorded at {baseline_path(self.host)} (run `ddtree-deploy probe {self.host.name} --record-baseline`)")
@@ -227,10 +234,6 @@ class Prober:
             return Stage("generation", "fail", time.monotonic() - t0,
                          "the recorded baseline was made with other prompts or max_new_tokens than the host file now has; "
                          f"re-record it (`ddtree-deploy probe {self.host.name} --record-baseline`)")
-        try:
-            replies = self.generate()
-        except DeployError as exc:
-            return Stage("generation", "fail", time.monotonic() - t0, str(exc))
         accept = [r["spec_accept_length"] for r in replies if isinstance(r.get("spec_accept_length"), (int, float))]
         mean_accept = round(sum(accept) / len(accept), 3) if accept else None
         data: dict[str, Any] = {"spec_accept_length": mean_accept, "prompts": len(replies),

@@ -221,9 +221,17 @@ class ReleaseManager:
             pass
 
     # -- switch, state -----------------------------------------------------------------------------------------------
-    def switch(self, release_id: str | None, *, reason: str = "deploy") -> dict[str, Any]:
-        """Point ``current`` at ``release_id`` (None: the installed package) in one atomic rename."""
-        return self._call("switch", root=self.root, release_id=release_id, run_id=self.run_id, reason=reason)
+    def switch(self, release_id: str | None, *, reason: str = "deploy", mark_bad: str | None = None,
+               note: str = "") -> dict[str, Any]:
+        """Point ``current`` at ``release_id`` (None: the installed package) in one atomic rename; optionally mark
+        the release being left bad in the same round trip."""
+        return self._call("switch", root=self.root, release_id=release_id, run_id=self.run_id, reason=reason,
+                          mark_bad=mark_bad, note=note)
+
+    def finish(self, release_id: str | None, status: str | None, event: str, note: str = "", **fields: Any) -> list[str]:
+        """Verdict on ``release_id``, cleanup (keep_releases) and a journal line, in one round trip."""
+        return self._call("finish", root=self.root, release_id=release_id, status=status, keep=self.host.keep_releases,
+                          run_id=self.run_id, event=event, fields=fields, note=note)["removed"]
 
     def mark(self, release_id: str, status: str, note: str = "") -> dict[str, Any]:
         return self._call("mark", root=self.root, release_id=release_id, status=status, run_id=self.run_id, note=note)

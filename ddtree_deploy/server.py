@@ -125,9 +125,13 @@ class ServerControl:
         return self.conn.call("server", "stop", root=self.host.release_root, wait=timeout, timeout=timeout + 30)
 
     def restart(self, *, release: str | None = None, ddtree: bool = True) -> dict[str, Any]:
-        stopped = self.stop()
-        started = self.start(release=release, ddtree=ddtree)
-        return {"stopped": stopped, "started": started}
+        require_server(self.host)
+        if self.kind == "systemd":
+            self.install_dropin()
+            return self._call("systemd", unit=self.host.server["unit"], action="restart")
+        timeout = float(self.host.server.get("stop_timeout", 20.0))
+        return self.conn.call("server", "restart", root=self.host.release_root, wait=timeout, timeout=timeout + 30,
+                              command=launch_command(self.host, ddtree=ddtree), env=server_env(self.host), release=release)
 
     def status(self, lines: int = 0) -> dict[str, Any]:
         require_server(self.host)

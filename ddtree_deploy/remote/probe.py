@@ -215,6 +215,8 @@ def wait_ready(pid_source, log_source, url, budget, poll=0.1, health_timeout=5.0
            "health_error": last["error"], "health_polls": last["polls"]}
     if state != "ready":
         res["log_tail"] = _tail_text(log_source)
+    else:
+        res["server_info"] = server_info(url.split("/", 3)[0] + "//" + url.split("/", 3)[2])
     return res
 
 
@@ -229,7 +231,16 @@ def server_info(url, timeout=5.0):
         return {"status": code, "info": None}
 
 
-def generate(url, prompts, max_new_tokens, budget=60.0):
+def generate(url, prompts, max_new_tokens, budget=60.0, baseline_path=None):
+    """With ``baseline_path``: {"baseline": <recorded doc or None>, "replies": [...]}, in one round trip; the prompts
+    are only sent when a baseline exists."""
+    if baseline_path is not None:
+        baseline = read_json(baseline_path)
+        return {"baseline": baseline, "replies": _generate(url, prompts, max_new_tokens, budget) if baseline else None}
+    return _generate(url, prompts, max_new_tokens, budget)
+
+
+def _generate(url, prompts, max_new_tokens, budget):
     timeout = budget
     """Each prompt once at temperature 0; the tokens, text and speculative acceptance length of each reply."""
     results = []

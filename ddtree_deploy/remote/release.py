@@ -113,6 +113,12 @@ def _disk_failure(root, exc, what):
                    % (what, root, exc.strerror or exc, getattr(exc, "filename", "")), "io")
 
 
+def _has_baseline(root):
+    # the probe's generation baseline lives in the release root (probe.py: baseline_path); reported with the lock
+    # so a deploy learns whether it must record one without another round trip
+    return os.path.isfile(os.path.join(root, "probe-baseline.json"))
+
+
 # -- lock ----------------------------------------------------------------------------------------------------------------
 def lock(root, owner, break_lock=False):
     """Take the per-host deploy lock, or report who holds it. ``owner`` describes the run (id, user, control host)."""
@@ -130,7 +136,7 @@ def lock(root, owner, break_lock=False):
             broken = None
         _write_atomic(path, data)
         _journal(root, "lock-broken", run=owner.get("run_id"), previous=broken)
-        return {"acquired": True, "broken": broken}
+        return {"acquired": True, "broken": broken, "state": _load_state(root), "has_baseline": _has_baseline(root)}
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
@@ -145,7 +151,7 @@ def lock(root, owner, break_lock=False):
         os.write(fd, data)
     finally:
         os.close(fd)
-    return {"acquired": True, "broken": None}
+    return {"acquired": True, "broken": None, "state": _load_state(root), "has_baseline": _has_baseline(root)}
 
 
 def unlock(root, run_id):
@@ -313,9 +319,12 @@ def discard_staging(path):
 
 
 # -- switch, mark, state -------------------------------------------------------------------------------------------------
-def switch(root, release_id, run_id=None, reason="deploy"):
-    """Point ``current`` at ``releases/<release_id>`` (or at the empty ``base`` dir for None) atomically."""
+def switch(root, release_id, run_id=None, reason="deploy", mark_bad=None, note=""):
+    """Point ``current`` at ``releases/<release_id>`` (or at the empty ``base`` dir for None) atomically.
+    ``mark_bad``: a release to mark bad in the same step (the one a rollback leaves)."""
     _ensure_root(root)
+    if mark_bad:
+        mark(root, mark_bad, "bad", run_id, note)
     state = _load_state(root)
     if release_id is not None:
         rel = _release(state, release_id)
@@ -365,6 +374,17 @@ def mark(root, release_id, status, run_id=None, note=""):
     _save_state(root, state)
     _journal(root, "mark", run=run_id, release=release_id, status=status, note=note)
     return rel
+
+
+def finish(root, release_id, status, keep, run_id, event, fields, note=""):
+    """End of a run in one round trip: record the verdict on ``release_id`` (if any), prune old releases, journal."""
+    if release_id and status:
+        mark(root, release_id, status, run_id, note)
+    removed = cleanup(root, keep, run_id)["removed"]
+    entry = dict(fields)
+    entry["run"] = run_id
+    _journal(root, event, **entry)
+    return {"removed": removed}
 
 
 def journal(root, event, fields):
@@ -439,6 +459,6 @@ def package_manifest(site_packages, package):
 
 OPS = {
     "lock": lock, "unlock": unlock, "build": build, "discard_staging": discard_staging,
-    "switch": switch, "mark": mark, "journal": journal, "show": show, "read_release": read_release,
+    "switch": switch, "mark": mark, "finish": finish, "journal": journal, "show": show, "read_release": read_release,
     "cleanup": cleanup, "package_manifest": package_manifest,
 }

@@ -126,6 +126,13 @@ def stop(root, wait=20.0):
     return {"was_running": True, "pid": pid, "signal": sig_used, "seconds": round(time.time() - t0, 3)}
 
 
+def restart(root, command, env, release=None, wait=20.0):
+    """stop + start in one round trip."""
+    stopped = stop(root, wait)
+    started = start(root, command, env, release)
+    return {"stopped": stopped, "started": started}
+
+
 def status(root, lines=0):
     d, pid_file, log_file = _paths(root)
     record = _read_pid(pid_file)
@@ -198,5 +205,5 @@ def systemd_logs(unit, lines=100):
     return {"log": "journalctl -u %s" % unit, "text": proc.stdout.decode("utf-8", "replace")}
 
 
-OPS = {"start": start, "stop": stop, "status": status, "logs": logs, "systemd_dropin": systemd_dropin,
+OPS = {"start": start, "stop": stop, "restart": restart, "status": status, "logs": logs, "systemd_dropin": systemd_dropin,
        "systemd": systemd, "systemd_status": systemd_status, "systemd_logs": systemd_logs}

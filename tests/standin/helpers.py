@@ -1,0 +1,53 @@
+"""Helpers for deploy tests: a copy of a sandbox host with its own release root whose server is the stand-in,
+overlays that script the stand-in's behaviour, and a cleanup that leaves the sandbox host as it was."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ddtree_deploy.inventory import Host
+from ddtree_deploy.overlay import Overlay, OverlayFile
+from ddtree_deploy.server import ServerControl
+from ddtree_deploy.transport import HostConnection
+
+STANDIN_SRC = Path(__file__).with_name("standin_server.py")
+STANDIN_PATH = "/srv/ddtree-host/standin/standin_server.py"
+RUNTIME_INIT = "sglang/srt/speculative/ddtree/__init__.py"
+
+
+def standin_host(host: Host, root_name: str, *, probe: dict[str, Any] | None = None, **fields: Any) -> Host:
+    """``host`` with release root ``/srv/ddtree-host/<root_name>`` and the stand-in as its managed server."""
+    server = dict(host.server, kind="managed",
+                  command="{python} " + STANDIN_PATH + " --host {host} --port {port} {ddtree_flags}",
+                  stop_timeout=5.0)
+    probe_cfg = dict(host.probe, startup_timeout=4.0, generation_timeout=20.0, overlay_timeout=30.0)
+    probe_cfg.update(probe or {})
+    return dataclasses.replace(host, release_root=f"/srv/ddtree-host/{root_name}", server=server, probe=probe_cfg,
+                               **fields)
+
+
+def install_standin(host: Host) -> None:
+    with HostConnection(host) as conn:
+        conn.run(f"mkdir -p {Path(STANDIN_PATH).parent} && cat > {STANDIN_PATH}", stdin=STANDIN_SRC.read_bytes())
+
+
+def remove_root(host: Host) -> None:
+    """Stop the test's server and delete its release root (the installed package is untouched by design)."""
+    with HostConnection(host) as conn:
+        ServerControl(conn).stop()
+        conn.run(f"rm -rf {host.release_root}")
+
+
+def overlay(mode: str | None = None, *, version: str = "0.1.0-test", base_version: str = "0.5.11",
+            extra: tuple[OverlayFile, ...] = ()) -> Overlay:
+    """A small overlay: a DDTree package carrying ``__version__``, a patched ``sglang/version.py``, and (with
+    ``mode``) the file that makes the stand-in crash / hang / answer wrongly when it runs from this release."""
+    files = [
+        OverlayFile(RUNTIME_INIT, f'__version__ = "{version}"\n'.encode(), action="add"),
+        OverlayFile("sglang/version.py", f'__version__ = "{base_version}"\n# ddtree overlay {mode or "ok"}\n'.encode()),
+    ]
+    if mode:
+        files.append(OverlayFile("sglang/standin_mode", mode.encode(), action="add"))
+    return Overlay("sglang", "ddtree-test", version, base_version, "", tuple(files) + tuple(extra))
