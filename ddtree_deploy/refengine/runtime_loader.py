@@ -79,6 +79,8 @@ def load_runtime(path: str | os.PathLike | None = None, module_name: str = MODUL
         raise
     missing = [fn for fn in REQUIRED if not callable(getattr(module, fn, None))]
     if missing:
+        for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
+            del sys.modules[name]
         raise RuntimeLoadError(f"DDTree runtime at {init} lacks {', '.join(missing)} (API: docs/runtime-api.md)")
     return module
 
