@@ -251,3 +251,23 @@ def test_cli_check_diff_and_exit_codes(wheel_023: WheelBase) -> None:
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert rows["sample/sglang-0.5.23"]["ok"] and not rows["hostile-symlink/sglang-0.5.23"]["ok"]
 
+
+
+# -- the real DDTree patch set -------------------------------------------------------------------------------------------
+DDTREE_0511 = REPO / "patches" / "ddtree" / "sglang-0.5.11" / "patchset.yaml"
+
+
+@pytest.mark.skipif(not DDTREE_0511.is_file(), reason=f"{DDTREE_0511.relative_to(REPO)} not written yet (another engineer's work)")
+def test_ddtree_patchset_checks_against_the_real_0511_wheel(wheel_011: WheelBase) -> None:
+    ps = load_patchset(DDTREE_0511)
+    assert ps.qualified_name == "ddtree/sglang-0.5.11" and ps.base_version == "0.5.11"
+    result = apply_patchset(ps, wheel_011)
+    assert [s.status for s in result.steps] == ["applied"] * len(ps.patches) and result.overlay.notes == ()
+    paths = {f.path for f in result.overlay.files}
+    assert {d for d, _ in ps.runtime.files} <= paths  # the vendored runtime is in the overlay
+    assert set(ps.base_files) <= paths  # every hashed base file is really changed
+    for f in result.overlay.files:  # every patched or vendored Python file still compiles
+        if f.path.endswith(".py"):
+            compile(f.content, f.path, "exec")
+    proc = cli("patchset", "check", "ddtree", "--base", "sglang==0.5.11", "--patches", str(REPO / "patches"))
+    assert proc.returncode == 0, proc.stderr
