@@ -1,0 +1,293 @@
+"""End-to-end proof of the DDTree patch set on a real SGLang 0.5.11 (in-process `sglang.Engine`).
+
+Sub-commands
+  run NAME OUTDIR          one configuration: start an Engine, run its workloads, write OUTDIR/NAME.json, shut down
+  orchestrate OUTDIR ...   run many configurations, several Engine processes at a time (the GPU is big and the
+                           models tiny: start-up, not the GPU, is the cost), then `report`
+  report OUTDIR RESULT     compare every configuration with its autoregressive baseline, write RESULT.json/.md
+
+Configurations are named MODELSET-ALGO[-bBUDGET][-graph]:
+  MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
+            agree : bench/e2e/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
+                    in its top 4 at every depth; block size 8)
+  ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget)
+  -graph    CUDA graphs on (default: --disable-cuda-graph)
+
+Workloads: greedy (temperature 0) generation of fixed random prompts as batches of 1, 4 and 16 concurrent
+requests; `stop` (agree only): stop_token_ids inside the accepted path; `speed`: timed batches of 1 and 16.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODELS = Path(os.environ.get("E2E_MODELS", "/tmp/models"))
+MODELSETS = {
+    "rand": ("tiny-qwen3", "tiny-dflash"),
+    "agree": ("agree-qwen3", "agree-dflash"),
+}
+BATCHES = (1, 4, 16)
+MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
+
+
+def prompts(n: int, seed: int = 1234) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, 400) for _ in range(rng.randrange(4, 40))] for _ in range(n)]
+
+
+def parse(name: str) -> dict:
+    parts = name.split("-")
+    cfg = {"name": name, "modelset": parts[0], "algo": parts[1], "budget": None, "graph": False}
+    for p in parts[2:]:
+        if p.startswith("b"):
+            cfg["budget"] = int(p[1:])
+        elif p == "graph":
+            cfg["graph"] = True
+    return cfg
+
+
+def engine_kwargs(cfg: dict) -> dict:
+    tgt, drf = MODELSETS[cfg["modelset"]]
+    kw = dict(
+        model_path=str(MODELS / tgt),
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        mem_fraction_static=float(os.environ.get("E2E_MEM_FRACTION", "0.08")),
+        page_size=1,
+        random_seed=0,
+        log_level=os.environ.get("E2E_LOG_LEVEL", "info"),
+        max_running_requests=32,
+    )
+    if cfg["graph"]:
+        kw["cuda_graph_max_bs"] = 16
+    else:
+        kw["disable_cuda_graph"] = True
+    if cfg["algo"] in ("chain", "ddtree"):
+        kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
+    if cfg["algo"] == "ddtree":
+        kw["speculative_ddtree_budget"] = cfg["budget"]
+    return kw
+
+
+def _meta(m: dict) -> dict:
+    keep = ("completion_tokens", "prompt_tokens", "finish_reason", "spec_verify_ct", "spec_accept_length",
+            "spec_accepted_drafts", "spec_proposed_drafts", "e2e_latency")
+    return {k: m.get(k) for k in keep if k in m}
+
+
+def generate(engine, ps, sp) -> tuple[list, float]:
+    t = time.perf_counter()
+    outs = engine.generate(input_ids=ps, sampling_params=sp)
+    dt = time.perf_counter() - t
+    return outs, dt
+
+
+def run_one(name: str, outdir: Path) -> int:
+    import sglang as sgl
+
+    cfg = parse(name)
+    res: dict = {"config": cfg, "ok": False, "workloads": {}}
+    t0 = time.perf_counter()
+    try:
+        engine = sgl.Engine(**engine_kwargs(cfg))
+    except BaseException as e:  # noqa: BLE001 - recorded, the orchestrator goes on
+        res["error"] = f"engine start: {type(e).__name__}: {e}"
+        (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
+        return 1
+    res["startup_s"] = round(time.perf_counter() - t0, 2)
+    try:
+        greedy = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
+        allp = prompts(16)
+        speed_only = os.environ.get("E2E_SPEED_ONLY") == "1"
+        if not speed_only:
+            for bs in BATCHES:
+                outs, dt = generate(engine, allp[:bs], greedy)
+                res["workloads"][f"greedy-bs{bs}"] = {
+                    "seconds": round(dt, 4),
+                    "output_ids": [o["output_ids"] for o in outs],
+                    "meta": [_meta(o["meta_info"]) for o in outs],
+                }
+            if cfg["modelset"] == "agree":
+                # Stop token inside the accepted path: the cycle is 100,101,102,103; stop at 102.
+                sp = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "stop_token_ids": [102]}
+                outs, dt = generate(engine, allp[:4], sp)
+                res["workloads"]["stop-bs4"] = {
+                    "seconds": round(dt, 4),
+                    "output_ids": [o["output_ids"] for o in outs],
+                    "meta": [_meta(o["meta_info"]) for o in outs],
+                }
+        if cfg["graph"] or speed_only or os.environ.get("E2E_SPEED") == "1":
+            n_new = int(os.environ.get("E2E_SPEED_TOKENS", "256"))
+            sp = {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}
+            generate(engine, allp[:16], {**sp, "max_new_tokens": 16})  # warm-up
+            for bs in (1, 16):
+                runs = []
+                for rep in range(3):
+                    outs, dt = generate(engine, prompts(bs, seed=99 + rep), sp)
+                    toks = sum(len(o["output_ids"]) for o in outs)
+                    acc = [_meta(o["meta_info"]) for o in outs]
+                    runs.append({"seconds": round(dt, 4), "tokens": toks, "tok_per_s": round(toks / dt, 1),
+                                 "meta": acc})
+                res["workloads"][f"speed-bs{bs}"] = runs
+        res["ok"] = True
+    except BaseException as e:  # noqa: BLE001
+        import traceback
+
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        res["total_s"] = round(time.perf_counter() - t0, 2)
+        (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
+        try:
+            engine.shutdown()
+        except BaseException:  # noqa: BLE001
+            pass
+    return 0 if res["ok"] else 1
+
+
+def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float, stagger_s: float) -> None:
+    outdir.mkdir(parents=True, exist_ok=True)
+    logs = outdir / "logs"
+    logs.mkdir(exist_ok=True)
+    t0 = time.time()
+    queue = list(names)
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    while queue or running:
+        for n, (p, ts) in list(running.items()):
+            if p.poll() is not None:
+                print(f"[{time.time() - t0:6.1f}s] done {n} rc={p.returncode} ({time.time() - ts:.1f}s)", flush=True)
+                del running[n]
+            elif time.time() - t0 > deadline_s:
+                p.kill()
+                print(f"[{time.time() - t0:6.1f}s] killed {n} (deadline)", flush=True)
+                del running[n]
+        while queue and len(running) < workers and time.time() - t0 < deadline_s - 60:
+            n = queue.pop(0)
+            f = open(logs / f"{n}.log", "w")
+            p = subprocess.Popen([sys.executable, __file__, "run", n, str(outdir)], stdout=f, stderr=subprocess.STDOUT,
+                                 start_new_session=False)
+            running[n] = (p, time.time())
+            print(f"[{time.time() - t0:6.1f}s] start {n}", flush=True)
+            time.sleep(stagger_s)
+        if not queue and not running:
+            break
+        if queue and time.time() - t0 >= deadline_s - 60 and not running:
+            print("deadline: not started:", queue, flush=True)
+            break
+        time.sleep(1)
+
+
+def report(outdir: Path, result: Path) -> dict:
+    rs = {}
+    for f in sorted(outdir.glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+        except Exception:
+            continue
+        if "config" in d:
+            rs[d["config"]["name"]] = d
+    summary: dict = {"configs": {}, "lossless": {}, "acceptance": {}, "speed": {}}
+    for name, d in rs.items():
+        summary["configs"][name] = {k: d.get(k) for k in ("ok", "error", "startup_s", "total_s")}
+        if d.get("traceback"):
+            summary["configs"][name]["traceback_tail"] = d["traceback"][-1500:]
+    for name, d in rs.items():
+        cfg = d["config"]
+        if cfg["algo"] == "ar" or not d.get("ok"):
+            continue
+        base = rs.get(f"{cfg['modelset']}-ar" + ("-graph" if cfg["graph"] else ""))
+        if not base or not base.get("ok"):
+            continue
+        for wl, w in d["workloads"].items():
+            if wl.startswith("speed") or wl not in base["workloads"]:
+                continue
+            a, b = w["output_ids"], base["workloads"][wl]["output_ids"]
+            same = [x == y for x, y in zip(a, b)]
+            first_div = []
+            for x, y in zip(a, b):
+                k = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
+                if k is None and len(x) != len(y):
+                    k = min(len(x), len(y))
+                first_div.append(k)
+            verify = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
+            accepted = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
+            summary["lossless"].setdefault(name, {})[wl] = {
+                "identical": all(same) and len(a) == len(b),
+                "requests": len(a),
+                "identical_requests": sum(same),
+                "first_divergence": first_div,
+                "tokens": sum(len(x) for x in a),
+            }
+            if wl.startswith("greedy") or wl.startswith("stop"):
+                summary["acceptance"].setdefault(name, {})[wl] = {
+                    "verify_rounds": verify,
+                    "accepted_drafts": accepted,
+                    "accepted_per_round": round(accepted / verify, 4) if verify else None,
+                    "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
+                }
+    for name, d in rs.items():
+        for wl, runs in d.get("workloads", {}).items():
+            if not wl.startswith("speed"):
+                continue
+            tps = sorted(r["tok_per_s"] for r in runs)
+            verify = sum((m.get("spec_verify_ct") or 0) for r in runs for m in r["meta"])
+            accepted = sum((m.get("spec_accepted_drafts") or 0) for r in runs for m in r["meta"])
+            summary["speed"].setdefault(name, {})[wl] = {
+                "tok_per_s_median": tps[len(tps) // 2],
+                "tok_per_s_all": tps,
+                "tokens_per_round": round((accepted + verify) / verify, 3) if verify else None,
+            }
+    result.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    lines = ["# DDTree e2e on the H200", "", "## Configurations", "", "| config | ok | start-up s | error |",
+             "|---|---|---|---|"]
+    for n, c in summary["configs"].items():
+        lines.append(f"| {n} | {c['ok']} | {c.get('startup_s')} | {(c.get('error') or '')[:120]} |")
+    lines += ["", "## Lossless (greedy output ids identical to the same model without speculative decoding)", "",
+              "| config | workload | identical | requests identical | first divergence |", "|---|---|---|---|---|"]
+    for n, wls in sorted(summary["lossless"].items()):
+        for wl, v in wls.items():
+            lines.append(f"| {n} | {wl} | {v['identical']} | {v['identical_requests']}/{v['requests']} | "
+                         f"{[x for x in v['first_divergence'] if x is not None][:6]} |")
+    lines += ["", "## Acceptance (accepted drafts per verify round; tokens per round = that + 1)", "",
+              "| config | workload | rounds | accepted/round | tokens/round |", "|---|---|---|---|---|"]
+    for n, wls in sorted(summary["acceptance"].items()):
+        for wl, v in wls.items():
+            lines.append(f"| {n} | {wl} | {v['verify_rounds']} | {v['accepted_per_round']} | {v['tokens_per_round']} |")
+    if summary["speed"]:
+        lines += ["", "## Speed (output tokens/s, median of 3; wall time of one generate call)", "",
+                  "| config | batch | tok/s | all | tokens/round |", "|---|---|---|---|---|"]
+        for n, wls in sorted(summary["speed"].items()):
+            for wl, v in wls.items():
+                lines.append(f"| {n} | {wl[len('speed-bs'):]} | {v['tok_per_s_median']} | {v['tok_per_s_all']} | "
+                             f"{v['tokens_per_round']} |")
+    result.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def main() -> int:
+    cmd = sys.argv[1]
+    if cmd == "run":
+        return run_one(sys.argv[2], Path(sys.argv[3]))
+    if cmd == "orchestrate":
+        outdir = Path(sys.argv[2])
+        names = sys.argv[3].split(",")
+        workers = int(os.environ.get("E2E_WORKERS", "5"))
+        deadline = float(os.environ.get("E2E_DEADLINE", "420"))
+        stagger = float(os.environ.get("E2E_STAGGER", "4"))
+        orchestrate(outdir, names, workers, deadline, stagger)
+        return 0
+    if cmd == "report":
+        s = report(Path(sys.argv[2]), Path(sys.argv[3]))
+        print(json.dumps({k: s[k] for k in ("configs",)}, indent=1)[:6000])
+        return 0
+    raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
