@@ -164,98 +164,55 @@ class Plan:
     host: str
     overlay: Overlay
     diff: str
-    abi_text: str
+    findings: list[Any]
     abi_errors: bool
     snapshot_id: str
     base_version: str
     facts: dict[str, Any] | None
 
+    def abi_dicts(self) -> list[dict[str, Any]]:
+        return [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in self.findings]
+
+
+DEFAULT_PATCHSET = "ddtree"
+
 
 def plan(host: Host, *, patchset: str | None = None, max_snapshot_age: float = 3600.0, progress: Progress = _quiet) -> Plan:
     """Resolve the patch set for the host's base version, build the overlay off-host from the host's latest
-    snapshot (taking one if there is none, or it is older than ``max_snapshot_age`` seconds, or the installed
-    version changed), and run the ABI check. Touches nothing on the host."""
-    try:
-        from . import abi as abi_mod
-        from . import patchset as ps_mod
-        from .snapshot import SnapshotStore
-    except ImportError as exc:  # pragma: no cover - the modules land in parallel
-        raise OperationFailed(f"apply needs the snapshot, patch-set and ABI modules: {exc}") from exc
+    snapshot (taking one if there is none or it is older than ``max_snapshot_age`` seconds), and run the ABI
+    check. Touches nothing on the host (taking a snapshot only reads it)."""
+    from . import abi as abi_mod
+    from .patchset import SnapshotBase, build_overlay, find_patchset_for, render_diff
+    from .snapshot import SnapshotStore
+
     store = SnapshotStore()
     snap = store.latest(host.name)
-    if snap is None or _stale(host, snap, max_snapshot_age):
-        progress(f"{host.name}: taking a fresh snapshot")
+    if snap is None or _stale(snap.created, max_snapshot_age):
+        progress(f"{host.name}: taking a snapshot of the installed sglang")
         snap = store.take(host)
-    facts = _snap_attr(snap, "facts") or {}
-    base_version = _base_version(facts, snap)
-    if patchset:
-        ps = ps_mod.load_patchset(patchset)
-    else:
-        ps = ps_mod.find_patchset_for("sglang", base_version)
-        if ps is None:
-            raise InputError(f"host {host.name}: no DDTree patch set supports sglang {base_version} (see patches/ddtree/)")
-    base = _base_for(store, snap)
-    overlay = ps_mod.build_overlay(ps, base, **_build_kwargs(ps_mod.build_overlay, snap, host))
-    diff = ps_mod.render_diff(overlay, base)
+    facts = snap.facts
+    base_version = str(snap.package_version or "")
+    if not base_version:
+        raise OperationFailed(f"host {host.name}: snapshot {snap.id} does not record the installed sglang version")
+    ps = find_patchset_for(patchset or DEFAULT_PATCHSET, base_version)
+    base = SnapshotBase(snap, store=store)
+    progress(f"{host.name}: applying patch set {ps.name} {ps.version} to snapshot {snap.id} (sglang {base_version})")
+    overlay = build_overlay(ps, base)
+    diff = render_diff(overlay, base)
     carries_compiled = any(f.path.endswith((".so", ".pyd")) for f in overlay.files)
-    requires = getattr(ps, "requires", None) or getattr(ps, "requirements", None) or {}
-    findings = abi_mod.check_overlay(host, facts, built_from_facts=facts, carries_compiled=carries_compiled,
-                                     requires=requires, base_version=base_version)
-    return Plan(host.name, overlay, diff, abi_mod.render(findings), abi_mod.has_errors(findings),
-                str(_snap_attr(snap, "id") or ""), base_version, facts)
+    findings = abi_mod.check_overlay(host.name, facts, built_from_facts=facts, carries_compiled=carries_compiled,
+                                     requires=dict(ps.requires), base_version=ps.base_version)
+    return Plan(host.name, overlay, diff, findings, abi_mod.has_errors(findings), str(snap.id), base_version, facts)
 
 
-def _snap_attr(snap: Any, name: str) -> Any:
-    if isinstance(snap, dict):
-        return snap.get(name)
-    return getattr(snap, name, None)
+def _stale(created: Any, max_age: float) -> bool:
+    from datetime import datetime
 
-
-def _stale(host: Host, snap: Any, max_age: float) -> bool:
-    taken = _snap_attr(snap, "taken") or _snap_attr(snap, "created")
-    if isinstance(taken, (int, float)):
-        return time.time() - taken > max_age
-    if isinstance(taken, str):
-        try:
-            from datetime import datetime
-
-            stamp = datetime.fromisoformat(taken.replace("Z", "+00:00")).timestamp()
-            return time.time() - stamp > max_age
-        except ValueError:
-            return True
-    return False
-
-
-def _base_version(facts: dict[str, Any], snap: Any) -> str:
-    for candidate in (_snap_attr(snap, "base_version"), _snap_attr(snap, "version"),
-                      (facts.get("packages") or {}).get("sglang") if isinstance(facts.get("packages"), dict) else None,
-                      facts.get("sglang")):
-        if isinstance(candidate, dict):
-            candidate = candidate.get("version")
-        if isinstance(candidate, str) and candidate:
-            return candidate
-    raise OperationFailed("the host's snapshot does not say which sglang version is installed")
-
-
-def _base_for(store: Any, snap: Any) -> Any:
-    """What build_overlay takes as ``base``: the snapshot itself unless the store offers a file view of it."""
-    for name in ("base", "base_for", "open_base"):
-        fn = getattr(store, name, None)
-        if callable(fn):
-            return fn(snap)
-    return snap
-
-
-def _build_kwargs(fn: Callable[..., Any], snap: Any, host: Host) -> dict[str, Any]:
-    import inspect
-
-    params = inspect.signature(fn).parameters
-    out: dict[str, Any] = {}
-    if "base_snapshot" in params:
-        out["base_snapshot"] = str(_snap_attr(snap, "id") or "")
-    if "snapshot_id" in params:
-        out["snapshot_id"] = str(_snap_attr(snap, "id") or "")
-    return out
+    try:
+        stamp = datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return True
+    return time.time() - stamp > max_age
 
 
 def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ignore_abi: bool = False,
@@ -267,14 +224,15 @@ def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ign
     p = plan(host, patchset=patchset, progress=progress)
     plan_s = time.monotonic() - t
     details = {"patchset": p.overlay.patchset, "patchset_version": p.overlay.patchset_version,
-               "base_version": p.base_version, "snapshot": p.snapshot_id, "abi": p.abi_text, "files": len(p.overlay.files)}
+               "base_version": p.base_version, "snapshot": p.snapshot_id, "abi": p.abi_dicts(), "files": len(p.overlay.files)}
     if dry_run:
         return ApplyReport(host.name, "dry-run", message=f"would push {len(p.overlay.files)} files "
                            f"({p.overlay.patchset} {p.overlay.patchset_version} on sglang {p.base_version}); "
                            f"ABI: {'ERRORS' if p.abi_errors else 'ok'}", timings={"plan": plan_s},
                            details={**details, "diff": p.diff, "abi_errors": p.abi_errors})
     if p.abi_errors and not ignore_abi:
-        raise AbiIncompatible(f"host {host.name}: ABI check failed; nothing was pushed\n{p.abi_text}",
+        errors = [f"{d.get('rule')}: {d.get('what')} (fix: {d.get('fix')})" for d in p.abi_dicts() if d.get("severity") == "error"]
+        raise AbiIncompatible(f"host {host.name}: ABI check failed; nothing was pushed\n  " + "\n  ".join(errors),
                               hint="fix the host or rebuild for it; --ignore-abi pushes anyway (dangerous)")
     if p.abi_errors:
         progress(f"[bold red]{host.name}: WARNING: pushing despite ABI errors (--ignore-abi)[/bold red]")

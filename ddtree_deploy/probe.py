@@ -198,6 +198,12 @@ class Prober:
             return Stage("startup", "fail", seconds, f"/health did not answer 200 within the start-up budget of {budget:g} s "
                          f"(last: {got.get('health_status') or got.get('health_error')})", data, tail)
         info = (got.get("server_info") or {}).get("info") or {}
+        served_by = info.get("pid")
+        if isinstance(served_by, int) and got.get("pid") and served_by != got.get("pid"):
+            return Stage("startup", "fail", time.monotonic() - t0,
+                         f"{url} is answered by another process (pid {served_by}), not by the server we started "
+                         f"(pid {got.get('pid')}): is an old server still holding port {self.host.server.get('port')}?",
+                         data, self._log_tail())
         runtime_path = info.get("ddtree_runtime_path")
         data["server_runtime_path"] = runtime_path
         if runtime_path and release is not None:

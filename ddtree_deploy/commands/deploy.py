@@ -43,7 +43,13 @@ def print_probe(result: ProbeResult) -> None:
 def print_report(report: ApplyReport) -> None:
     if report.status == "dry-run":
         out.print(report.details.get("diff", ""), markup=False, highlight=False)
-        out.print(f"[bold]ABI[/bold]\n{report.details.get('abi', '')}", highlight=False)
+        from .. import abi
+
+        findings = [abi.Finding(**d) for d in report.details.get("abi", [])]
+        if findings:
+            out.print(abi.render(findings))
+        else:
+            out.print("ABI: no findings")
         out.print(f"dry run: {report.message}; nothing was touched")
         return
     if report.probe:
