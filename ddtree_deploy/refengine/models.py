@@ -117,6 +117,7 @@ class TinyTarget:
             )
         self.final_norm = torch.ones(d, dtype=dtype)
         self.lm_head = rnd(d, v, std=cfg.logit_scale * d**-0.5)
+        self._pos_table = torch.zeros(0, d, dtype=dtype)
 
     def new_cache(self, max_len: int) -> KVCache:
         return KVCache(self.cfg, max_len, self.dtype)
@@ -166,11 +167,18 @@ class TinyTarget:
     def embed_at(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed[tokens]
         if self.cfg.abs_pos_scale:
-            x = x + self.cfg.abs_pos_scale * _abs_pos(positions, self.cfg.hidden, self.dtype)
+            need = int(positions.max()) + 1
+            if need > self._pos_table.shape[0]:  # grow geometrically; values do not depend on the table size
+                size = max(need, 2 * self._pos_table.shape[0])
+                self._pos_table = self.cfg.abs_pos_scale * _abs_pos(torch.arange(size), self.cfg.hidden, self.dtype)
+            x = x + self._pos_table[positions]
         return x
 
     @torch.inference_mode()
     def isolated_hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self._isolated(tokens, positions)
+
+    def _isolated(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden state [T, D] of each token run alone (no context) at its position.
 
         With a single visible token, attention's softmax weight is 1, so the attention output is
@@ -206,7 +214,7 @@ class BlockDrafter:
     @torch.inference_mode()
     def draft(self, root_token: int, root_pos: int, ctx_token: int, ctx_hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [L, V] for depths 1..L below ``root_token`` (at position ``root_pos``)."""
-        iso = self.target.isolated_hidden
+        iso = self.target._isolated  # already under inference_mode
         residual = ctx_hidden - iso(torch.tensor([ctx_token]), torch.tensor([root_pos - 1]))[0]
         out = []
         tok = root_token
