@@ -143,12 +143,18 @@ def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_w
             target.chmod(base.mode(path))
         if three_way:
             git(stage, "add", "-A")
-            pristine_note = import_pristine_blobs(stage, patchset, tmp / "pristine")
-            if pristine_note:
-                notes.append(pristine_note)
+        pristine: list[str | None] = []  # imported once, on the first patch that needs a 3-way merge
+
+        def need_pristine() -> None:
+            if not pristine:
+                pristine.append(import_pristine_blobs(stage, patchset, tmp / "pristine"))
+                if pristine[0]:
+                    notes.append(pristine[0])
+
         for idx, patch in enumerate(patchset.patches):
             say(f"applying {patch.name}")
-            steps[idx] = _apply_one(stage, patch, patchset, base, three_way=three_way, steps=steps, idx=idx)
+            steps[idx] = _apply_one(stage, patch, patchset, base, three_way=three_way, steps=steps, idx=idx,
+                                    before_merge=need_pristine)
             if steps[idx].status == "3-way":
                 notes.append(f"--3way used: {patch.name} did not apply exactly; {steps[idx].detail}")
         files = _collect(stage, patchset, base, base_bytes, staged, created)
@@ -230,7 +236,7 @@ def _store_blobs(stage: Path, work: Path, paths: list[str]) -> None:
 
 
 def _apply_one(stage: Path, patch: PatchFile, patchset: PatchSet, base: BaseSource, *, three_way: bool,
-               steps: list[PatchStep], idx: int) -> PatchStep:
+               steps: list[PatchStep], idx: int, before_merge: Callable[[], None]) -> PatchStep:
     args = ["apply", "-p1", "--whitespace=nowarn"]
     check = git(stage, *args, "--check", "-v", str(patch.path), check=False)
     if check.returncode == 0:
@@ -240,6 +246,7 @@ def _apply_one(stage: Path, patch: PatchFile, patchset: PatchSet, base: BaseSour
         return PatchStep(patch.name, patch.touched, "applied")
     failure = explain_failure(patch, check.stderr.decode(errors="replace"), stage)
     if three_way:
+        before_merge()
         merged = git(stage, *args, "--3way", str(patch.path), check=False)
         out = (merged.stderr + merged.stdout).decode(errors="replace")
         conflicted = sorted(set(re.findall(r"^U (.+)$", out, re.M)) | set(re.findall(r"Applied patch to '(.+)' with conflicts", out)))

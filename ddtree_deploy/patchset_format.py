@@ -139,7 +139,7 @@ def parse_patch(text: str, *, source: str, package: str) -> tuple[str, tuple[Fil
     while i < n:
         line = lines[i]
         if line.startswith("diff --git "):
-            fp, i = _parse_git_file(lines, i, source=source)
+            fp, i = _parse_git_file(lines, i, source=source, package=package)
             files.append(fp)
         elif line.startswith("--- ") and i + 1 < n and lines[i + 1].startswith("+++ "):
             old = _strip_prefix(lines[i][4:], "a/", source=source, lineno=i + 1)
@@ -193,11 +193,13 @@ def _strip_prefix(raw: str, prefix: str, *, source: str, lineno: int) -> str | N
     return name[len(prefix):]
 
 
-def _parse_git_file(lines: list[str], i: int, *, source: str) -> tuple[FilePatch, int]:
+def _parse_git_file(lines: list[str], i: int, *, source: str, package: str) -> tuple[FilePatch, int]:
     header = lines[i]
     rest = header[len("diff --git "):]
     if rest.startswith('"'):
         raise InputError(f"{source}: line {i + 1}: quoted path refused (unusual characters in a file name)")
+    if re.search(r"(^|[ /])\.\.(/|$| )", rest) or re.search(r"(^|\s)[ab]//", rest):
+        raise InputError(f"{source}: line {i + 1}: {header!r}: patched file path leaves the {package} package ('..' or absolute)")
     info: dict[str, Any] = {}
     # `a/P b/P` when the name did not change (also the only name source for mode-only changes).
     if rest.startswith("a/") and (len(rest) - 5) % 2 == 0:
