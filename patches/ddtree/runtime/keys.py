@@ -36,7 +36,8 @@ def score_from_sort_key(key: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
-def candidate_pairs(budget: int, k: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=64)
+def candidate_pairs(budget: int, k: int) -> tuple[tuple[int, int], ...]:
     """All (parent position i, rank r) with (i + 1) * (r + 1) <= budget and r < k.
 
     Why this suffices: parents are sorted by key, ranks by log-prob, so child (j, s) with j <= i, s <= r never
@@ -48,13 +49,15 @@ def candidate_pairs(budget: int, k: int) -> list[tuple[int, int]]:
     for i in range(budget):
         for r in range(min(k, budget // (i + 1))):
             pairs.append((i, r))
-    return pairs
+    return tuple(pairs)
 
 
 @functools.lru_cache(maxsize=64)
 def _table_cpu(budget: int, k: int, pad_to: int) -> torch.Tensor:
     pairs = candidate_pairs(budget, k)
     packed = [(i << 16) | r for i, r in pairs] + [-1] * (pad_to - len(pairs))
+    if len(packed) != pad_to:
+        raise ValueError(f"{len(pairs)} candidates do not fit in {pad_to}")
     return torch.tensor(packed, dtype=torch.int32)
 
 

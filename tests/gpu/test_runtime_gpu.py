@@ -1,0 +1,261 @@
+"""DDTree runtime kernels on a real GPU: compiled Triton vs the torch references at serving sizes.
+
+Runs under pytest (marked ``gpu``, skipped without CUDA) and also as a plain script
+(``python tests/gpu/test_runtime_gpu.py``) for GPU hosts without pytest. Inputs are random with a per-run seed
+(``DDTREE_TEST_SEED`` replays one). Speed is measured in bench/bench_runtime.py, never here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+try:
+    import pytest
+except ImportError:  # script mode on a bare GPU image
+    pytest = None
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+
+if pytest is not None:
+    pytestmark = [pytest.mark.gpu,
+                  pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+SEED = int(os.environ.get("DDTREE_TEST_SEED", str(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF)))
+TREE_FIELDS = ("token", "parent", "depth", "score", "first_child", "next_sibling", "num_nodes")
+VERIFY_FIELDS = ("positions", "mask", "packed_mask", "retrive_index", "retrive_next_token", "retrive_next_sibling")
+WALK_FIELDS = ("accepted_nodes", "accept_len", "accepted_tokens", "bonus_token")
+L = 15
+VOCAB = 151_936
+
+
+def _runtime():
+    if "ddtree_runtime" in sys.modules:
+        return sys.modules["ddtree_runtime"]
+    spec = importlib.util.spec_from_file_location("ddtree_runtime", RUNTIME_DIR / "__init__.py",
+                                                  submodule_search_locations=[str(RUNTIME_DIR)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ddtree_runtime"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+rt = _runtime()
+
+
+def _gen(salt: int) -> torch.Generator:
+    g = torch.Generator(device="cuda")
+    g.manual_seed(SEED * 7919 + salt)
+    return g
+
+
+def _assert_same(a, b, fields, what: str) -> None:
+    for f in fields:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.shape == y.shape and x.dtype == y.dtype, f"{what}.{f}: {x.shape}/{x.dtype} vs {y.shape}/{y.dtype}"
+        if not torch.equal(x, y):
+            bad = (x != y).nonzero()[:5].tolist()
+            raise AssertionError(f"{what}.{f} differs at {bad} (seed {SEED})")
+
+
+def _inputs(batch: int, vocab: int, budget: int, kind: str, salt: int):
+    g = _gen(salt)
+    if kind == "ties":
+        logits = torch.randint(-3, 3, (batch, L, vocab), device="cuda", generator=g).float()
+    elif kind == "peaked":
+        logits = torch.randn(batch, L, vocab, device="cuda", generator=g)
+        logits.scatter_(2, torch.randint(0, vocab, (batch, L, 1), device="cuda", generator=g), 60.0)
+    else:
+        logits = torch.randn(batch, L, vocab, device="cuda", generator=g) * 2.5
+    lp, tok = rt.draft_topk(logits, min(budget, vocab), impl="torch")
+    roots = torch.randint(0, vocab, (batch,), device="cuda", generator=g)
+    return lp, tok, roots
+
+
+def _planted(tree, vocab: int, salt: int, p_follow: float = 0.85) -> torch.Tensor:
+    g = _gen(salt)
+    fc = tree.first_child.long()
+    n_kids = torch.zeros_like(fc)
+    n_kids.scatter_add_(1, tree.parent.long().clamp(min=0), (tree.parent >= 0).long())
+    # follow a random child: the j-th child of node i is reached by walking next_sibling j times
+    pick = (torch.rand(fc.shape, device="cuda", generator=g) * n_kids.clamp(min=1)).long()
+    child = fc.clone()
+    for _ in range(int(n_kids.max())):
+        step = (pick > 0) & (child >= 0)
+        child = torch.where(step, tree.next_sibling.long().gather(1, child.clamp(min=0)), child)
+        pick = pick - 1
+    child_tok = tree.token.gather(1, child.clamp(min=0))
+    follow = (torch.rand(fc.shape, device="cuda", generator=g) < p_follow) & (child >= 0)
+    return torch.where(follow, child_tok, torch.randint(0, vocab, fc.shape, device="cuda", generator=g))
+
+
+def test_draft_topk_full_vocab():
+    for salt, (batch, k, dtype, kind) in enumerate([(4, 64, torch.bfloat16, "normal"), (2, 1024, torch.float32, "normal"),
+                                                    (3, 64, torch.float32, "ties"), (2, 16, torch.bfloat16, "peaked")]):
+        g = _gen(100 + salt)
+        if kind == "ties":
+            logits = torch.randint(-3, 3, (batch, L, VOCAB), device="cuda", generator=g).to(dtype)
+        else:
+            logits = (torch.randn(batch, L, VOCAB, device="cuda", generator=g) * 2.5).to(dtype)
+            if kind == "peaked":
+                logits[:, :, 7] = 50
+        lp_t, tok_t = rt.draft_topk(logits, k, impl="triton")
+        lp_r, tok_r = rt.draft_topk(logits, k, impl="torch")
+        assert torch.equal(tok_t, tok_r), f"tokens differ (batch {batch}, k {k}, {kind}, seed {SEED})"
+        assert torch.equal(lp_t, lp_r), f"log-probs differ (batch {batch}, k {k}, {kind}, seed {SEED})"
+
+
+def _check_oracle(tree, lp, tok, roots, budget, requests: int) -> None:
+    from heap_oracle import heap_build, visibility
+
+    vi = rt.build_verify_inputs(tree, torch.zeros_like(roots), impl="torch")
+    for b in range(requests):
+        o = heap_build(lp[b].cpu().numpy(), tok[b].cpu().numpy(), int(roots[b]), budget)
+        n = o.num_nodes
+        assert int(tree.num_nodes[b]) == n, (budget, b, int(tree.num_nodes[b]), n)
+        assert tree.token[b, :n].tolist() == o.token and tree.parent[b, :n].tolist() == o.parent
+        assert tree.score[b, :n].tolist() == o.score and tree.depth[b, :n].tolist() == o.depth
+        assert (vi.mask[b, :n, :n].cpu().numpy() == visibility(o.parent)).all()
+
+
+TREE_CASES = [  # (batch, vocab, budget, kind)
+    (8, 4096, 1, "normal"), (8, 4096, 16, "normal"), (32, 4096, 64, "normal"), (8, 4096, 64, "ties"),
+    (8, 4096, 256, "normal"), (4, 4096, 256, "ties"), (4, 4096, 1024, "normal"), (2, 4096, 1024, "ties"),
+    (4, 3, 256, "normal"), (4, 50, 64, "peaked"),
+]
+
+
+def test_build_tree_and_verify_inputs():
+    from ddtree_runtime.tree_triton import build_tree_triton
+
+    for salt, (batch, vocab, budget, kind) in enumerate(TREE_CASES):
+        lp, tok, roots = _inputs(batch, vocab, budget, kind, 200 + salt)
+        what = f"B{batch} V{vocab} N{budget} {kind}"
+        ref = rt.build_tree(lp, tok, roots, budget, impl="torch")
+        for use_gather in (False, True):
+            got = build_tree_triton(lp, tok, roots, budget, use_gather=use_gather)
+            _assert_same(got, ref, TREE_FIELDS, f"tree[{what}, gather={use_gather}]")
+        _check_oracle(ref, lp, tok, roots, budget, requests=2)
+        committed = torch.randint(0, 100_000, (batch,), device="cuda", generator=_gen(300 + salt))
+        _assert_same(rt.build_verify_inputs(ref, committed, impl="triton"),
+                     rt.build_verify_inputs(ref, committed, impl="torch"), VERIFY_FIELDS, f"verify[{what}]")
+
+
+def test_accept_walk_and_compaction():
+    from rt_helpers import python_walk
+
+    for salt, (batch, vocab, budget, kind) in enumerate([(16, 4096, 64, "normal"), (8, 50, 16, "peaked"),
+                                                         (4, 4096, 1024, "normal"), (8, 4096, 1, "normal")]):
+        lp, tok, roots = _inputs(batch, vocab, budget, kind, 400 + salt)
+        tree = rt.build_tree(lp, tok, roots, budget, impl="triton")
+        for p_follow in (0.0, 0.85, 1.0):
+            target = _planted(tree, vocab, 500 + salt, p_follow)
+            walk = rt.accept_walk(tree, target, impl="triton")
+            ref = rt.accept_walk(tree, target, impl="torch")
+            _assert_same(walk, ref, WALK_FIELDS, f"walk[N{budget} {kind} p{p_follow}]")
+            for b in range(2):
+                path, _ = python_walk(tree.parent[b].tolist(), tree.token[b].tolist(), target[b].tolist(), L)
+                assert walk.accepted_nodes[b, :len(path)].tolist() == path
+            if kind == "peaked" and p_follow == 1.0:
+                assert int(walk.accept_len.min()) == min(budget, L)
+            slots = torch.randperm(batch * (budget + 1), device="cuda", generator=_gen(600 + salt)).view(batch, -1)
+            src, dst = rt.kv_compaction(walk, slots, impl="triton")
+            src_r, dst_r = rt.kv_compaction(ref, slots, impl="torch")
+            assert torch.equal(src, src_r) and torch.equal(dst, dst_r)
+
+
+def test_sample_target_tokens():
+    g = _gen(700)
+    x = (torch.randn(2, 65, VOCAB, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    x[:, :3, 11] = x[:, :3, 5] = 40  # equal maxima: the first index wins
+    greedy = rt.sample_target_tokens(x, 0.0, impl="triton")
+    assert torch.equal(greedy, rt.sample_target_tokens(x, 0.0, impl="torch"))
+    assert greedy[:, :3].eq(5).all()
+    mixed = rt.sample_target_tokens(x, torch.tensor([0.0, 1.0], device="cuda"), impl="triton")
+    assert torch.equal(mixed[0], greedy[0])
+    base = torch.tensor([1.0, 0.0, -1.0, 0.5, -0.3], device="cuda")
+    for temperature in (1.0, 0.5):
+        probs = torch.softmax(base / temperature, 0)
+        draws = rt.sample_target_tokens(base.expand(8, 1025, 5).contiguous(), temperature, generator=g,
+                                        impl="triton")
+        counts = torch.bincount(draws.flatten(), minlength=5).double()
+        expected = probs.double() * draws.numel()
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 23.51, f"chi-square {chi2:.1f} at T={temperature} (4 df, p=1e-4 threshold)"
+
+
+def test_round_has_no_host_sync_and_replays_in_a_cuda_graph():
+    batch, budget, vocab = 8, 64, VOCAB
+    g = _gen(800)
+    logits = (torch.randn(batch, L, vocab, device="cuda", generator=g) * 2.5).to(torch.bfloat16)
+    roots = torch.randint(0, vocab, (batch,), device="cuda", generator=g)
+    committed = torch.randint(0, 5000, (batch,), device="cuda", generator=g)
+    slots = torch.randperm(batch * (budget + 1), device="cuda", generator=g).view(batch, -1)
+    target_logits = torch.randn(batch, budget + 1, 512, device="cuda", generator=g)
+
+    def round_fn():
+        lp, tok = rt.draft_topk(logits, budget)
+        tree = rt.build_tree(lp, tok, roots, budget)
+        vi = rt.build_verify_inputs(tree, committed)
+        target = rt.sample_target_tokens(target_logits, 0.0)
+        walk = rt.accept_walk(tree, target)
+        src, dst = rt.kv_compaction(walk, slots)
+        return tree, vi, walk, src, dst
+
+    round_fn()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        round_fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        round_fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = round_fn()
+    for step in range(3):  # new inputs each replay, as a serving loop does
+        logits.copy_((torch.randn(logits.shape, device="cuda", generator=g) * 2.5).to(torch.bfloat16))
+        roots.copy_(torch.randint(0, vocab, (batch,), device="cuda", generator=g))
+        target_logits.copy_(torch.randn(target_logits.shape, device="cuda", generator=g))
+        graph.replay()
+        tree, vi, walk, src, dst = round_fn()
+        _assert_same(static[0], tree, TREE_FIELDS, f"graph tree step {step}")
+        _assert_same(static[1], vi, VERIFY_FIELDS, f"graph verify step {step}")
+        _assert_same(static[2], walk, WALK_FIELDS, f"graph walk step {step}")
+        assert torch.equal(static[3], src) and torch.equal(static[4], dst)
+
+
+def test_self_test_on_gpu():
+    report = rt.self_test("cuda")
+    assert report["ok"] and report["impl"] == "triton", report
+
+
+def _main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: skipped")
+        return 0
+    print(f"DDTREE_TEST_SEED={SEED}  {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    failed = 0
+    for name, fn in sorted((n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)):
+        try:
+            fn()
+            print(f"PASS {name}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+    print(f"{failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
