@@ -57,7 +57,7 @@ def test_facts_of_real_host(sandbox) -> None:
 def test_facts_of_compiled_wheel(sandbox) -> None:
     """0.5.23 ships a libtorch-linked extension and a platform wheel tag; the facts must say so."""
     f = gather(sandbox.drift)
-    assert f["sglang"]["wheel_tags"] == [f"cp311-cp311-manylinux_2_34_x86_64"]
+    assert f["sglang"]["wheel_tags"] == ["cp311-cp311-manylinux_2_34_x86_64"]
     assert f["sglang"]["root_is_purelib"] is False
     compiled = {c["path"]: c for c in f["sglang"]["compiled"]}
     mem_cache = compiled["sglang/srt/mem_cache/rust_tree_core/mem_cache.cpython-311-x86_64-linux-gnu.so"]
