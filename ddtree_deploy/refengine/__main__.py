@@ -28,6 +28,19 @@ from .tokenizer import encode
 log = logging.getLogger("ddtree_refengine")
 
 
+class _StopRequested(Exception):
+    """SIGTERM/SIGINT arrived before the engine was ready: exit cleanly, not as a start-up failure."""
+
+
+def _close(server: EngineServer | None, serving: bool, pid_file: Path | None) -> None:
+    if server is not None:
+        if serving:  # shutdown() waits for serve_forever, so only call it once that runs
+            server.shutdown()
+        server.server_close()
+    if pid_file is not None:
+        pid_file.unlink(missing_ok=True)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ddtree_refengine", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
@@ -37,6 +50,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--block-size", "--speculative-num-draft-tokens", type=int, default=8, dest="block_size")
     p.add_argument("--seed", type=int, default=0, help="model weights seed")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--load-delay", type=float, default=0.0,
+                   help="seconds to wait before building the models, as a large checkpoint would (probe tests)")
     p.add_argument("--log-file", type=Path)
     p.add_argument("--pid-file", type=Path)
     args = p.parse_args(argv)
@@ -95,17 +110,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("listening on http://%s:%d (loading)", host, port)
         threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
         serving = True
+        if stop.wait(max(0.0, args.load_delay)):
+            raise _StopRequested
         engine = Engine(build_target(cfg), args.speculative_algorithm, runtime, args.budget, args.block_size)
         engine.generate(encode("self-test"), SamplingParams(max_new_tokens=8, temperature=0.0))
         server.set_ready(engine)
+    except _StopRequested:
+        log.info("stopped while loading")
+        _close(server, serving, args.pid_file)
+        return 0
     except Exception:
         log.exception("ddtree_refengine failed to start")
-        if server is not None:
-            if serving:
-                server.shutdown()
-            server.server_close()
-        if args.pid_file is not None:
-            args.pid_file.unlink(missing_ok=True)
+        _close(server, serving, args.pid_file)
         return 1
     log.info(
         "ddtree_refengine %s ready on http://%s:%d algorithm=%s budget=%d block_size=%d seed=%d "
@@ -117,10 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     while not stop.wait(0.5):
         pass
     log.info("shutting down (signal received)")
-    server.shutdown()
-    server.server_close()
-    if args.pid_file is not None:
-        args.pid_file.unlink(missing_ok=True)
+    _close(server, True, args.pid_file)
     return 0
 
 

@@ -56,9 +56,12 @@ class ServerProc:
 READY_RE = re.compile(r"ready on http://127\.0\.0\.1:(\d+)")
 
 
+LISTENING_RE = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+
+
 def start_server(site: Path, workdir: Path, args: list[str], env_extra: dict[str, str],
-                 deadline_s: float = 60.0) -> ServerProc:
-    """Start ``python -m ddtree_refengine`` from ``site`` (repo not importable); wait for ready or exit."""
+                 deadline_s: float = 60.0, wait_for: re.Pattern = READY_RE) -> ServerProc:
+    """Start ``python -m ddtree_refengine`` from ``site`` (repo not importable); wait for ``wait_for`` or exit."""
     log_file, pid_file = workdir / "server.log", workdir / "server.pid"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDTREE_RUNTIME_PATH")}
     env.update({"PYTHONPATH": str(site), **env_extra})
@@ -71,7 +74,7 @@ def start_server(site: Path, workdir: Path, args: list[str], env_extra: dict[str
     while time.monotonic() < end:
         if proc.poll() is not None:
             return ServerProc(proc, log_file, pid_file, None)
-        match = READY_RE.search(log_file.read_text()) if log_file.exists() else None
+        match = wait_for.search(log_file.read_text()) if log_file.exists() else None
         if match:
             return ServerProc(proc, log_file, pid_file, int(match.group(1)))
         time.sleep(0.05)

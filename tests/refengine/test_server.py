@@ -12,7 +12,7 @@ import pytest
 from ddtree_refengine import tokenizer
 from ddtree_refengine.decode import Engine, SamplingParams
 from ddtree_refengine.models import ModelConfig, build_target
-from refengine_helpers import RUNTIME_DIR, start_server
+from refengine_helpers import LISTENING_RE, RUNTIME_DIR, start_server
 
 TIMEOUT = 30
 
@@ -114,16 +114,19 @@ def test_ddtree_without_overlay_fails_at_start_with_traceback(site_dir, tmp_path
         srv.stop()
 
 
-def test_non_speculative_server_needs_no_runtime(site_dir, tmp_path):
-    missing = tmp_path / "missing"
-    srv = start_server(site_dir, tmp_path, ["--speculative-algorithm", "NONE", "--seed", "1"],
-                       {"DDTREE_RUNTIME_PATH": str(missing)})
+def test_non_speculative_server_needs_no_runtime_and_answers_503_while_loading(site_dir, tmp_path):
+    """NONE starts with no runtime anywhere; while 'loading' /health is 503; SIGTERM then exits 0."""
+    srv = start_server(site_dir, tmp_path, ["--speculative-algorithm", "NONE", "--load-delay", "60"],
+                       {"DDTREE_RUNTIME_PATH": str(tmp_path / "missing")}, wait_for=LISTENING_RE)
     try:
         assert srv.port is not None, srv.proc.stderr.read()
+        assert _get(srv.url + "/health") == (503, b"")
         info = json.loads(_get(srv.url + "/get_server_info")[1])
+        assert info["ready"] is False
         assert info["speculative_algorithm"] is None and info["ddtree_runtime_path"] is None
-        status, out = _post(srv.url + "/generate", {
-            "input_ids": [256, 65], "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}})
-        assert status == 200 and out["meta_info"]["spec_verify_ct"] == 0 and len(out["output_ids"]) == 5
+        assert _post(srv.url + "/generate", {"text": "hi"})[0] == 503
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=TIMEOUT) == 0
+        assert "stopped while loading" in srv.log_file.read_text() and not srv.pid_file.exists()
     finally:
-        assert srv.stop() == 0
+        srv.stop()
