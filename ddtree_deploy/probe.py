@@ -268,7 +268,7 @@ class Prober:
         without a restart and a crash is timed from the real start."""
         stages: list[Stage] = []
         for name in STAGES:
-            if stages and stages[-1].status == "fail":
+            if any(s.status == "fail" for s in stages):
                 stages.append(Stage(name, "not-run", 0.0, "an earlier stage failed"))
                 continue
             if name == "startup" and restart is not None:

@@ -51,3 +51,14 @@ def overlay(mode: str | None = None, *, version: str = "0.1.0-test", base_versio
     if mode:
         files.append(OverlayFile("sglang/standin_mode", mode.encode(), action="add"))
     return Overlay("sglang", "ddtree-test", version, base_version, "", tuple(files) + tuple(extra))
+
+
+def write_host_yaml(host: Host, directory: Path) -> Path:
+    """``host`` as a host file in ``directory`` (for driving the real command line against a host copy)."""
+    import yaml
+
+    doc = {k: v for k, v in dataclasses.asdict(host).items() if k != "source" and v is not None}
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{host.name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path

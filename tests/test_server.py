@@ -1,0 +1,101 @@
+"""Server control: the launch command and the systemd drop-in as the host file says, and the managed lifecycle
+(setsid, pid file with start time, PYTHONPATH=<root>/current, log rotation) on a sandbox host."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ddtree_deploy.errors import InputError
+from ddtree_deploy.inventory import load_host_file
+from ddtree_deploy.server import ServerControl, launch_command, render_dropin, require_server
+from ddtree_deploy.transport import HostConnection
+from standin.helpers import install_standin, remove_root, standin_host
+
+
+def _host(tmp_path, server: dict) -> object:
+    import yaml
+
+    path = tmp_path / "gpu1.yaml"
+    path.write_text(yaml.safe_dump({"address": "10.0.0.1", "python": "/opt/venv/bin/python",
+                                    "site_packages": "/opt/venv/lib/python3.12/site-packages",
+                                    "release_root": "/opt/ddtree", "server": server}))
+    return load_host_file(path)
+
+
+def test_launch_command_fills_placeholders_and_drops_ddtree_flags_on_request(tmp_path):
+    host = _host(tmp_path, {"kind": "managed", "port": 31000, "ddtree_flags": "--speculative-algorithm DDTREE",
+                            "command": "{python} -m sglang.launch_server --host {host} --port {port} {ddtree_flags}"})
+    assert launch_command(host) == ("/opt/venv/bin/python -m sglang.launch_server --host 127.0.0.1 --port 31000 "
+                                    "--speculative-algorithm DDTREE")
+    assert launch_command(host, ddtree=False).endswith("--port 31000")
+
+
+def test_bad_server_sections_name_file_and_field(tmp_path):
+    bad = _host(tmp_path, {"kind": "managed", "command": "{python} --port {prot}"})
+    with pytest.raises(InputError, match=r"gpu1.yaml: field 'server.command': bad placeholder 'prot'"):
+        launch_command(bad)
+    with pytest.raises(InputError, match=r"gpu1.yaml: field 'server.unit' is empty"):
+        require_server(_host(tmp_path, {"kind": "systemd"}))
+    with pytest.raises(InputError, match=r"field 'server.kind' is 'none'"):
+        require_server(_host(tmp_path, {}))
+
+
+def test_systemd_dropin_sets_pythonpath_and_quotes_environment(tmp_path):
+    host = _host(tmp_path, {"kind": "systemd", "unit": "sglang.service",
+                            "env": {"CUDA_VISIBLE_DEVICES": "0,1", "NOTE": 'say "hi" \\ bye'}})
+    text = render_dropin(host)
+    lines = text.splitlines()
+    assert lines[2] == "[Service]"
+    assert lines[3:] == ['Environment="PYTHONPATH=/opt/ddtree/current"',
+                         'Environment="CUDA_VISIBLE_DEVICES=0,1"',
+                         'Environment="NOTE=say \\"hi\\" \\\\ bye"']
+
+
+@pytest.mark.sandbox
+def test_systemd_dropin_written_atomically_and_only_when_changed(sandbox):
+    host = dataclasses.replace(standin_host(sandbox.base, "t-srv-systemd"),
+                               server={"kind": "systemd", "unit": "sglang.service", "env": {"A": "1"}})
+    unit_dir = "/srv/ddtree-host/t-srv-systemd/units"
+    try:
+        with HostConnection(host) as conn:
+            ctl = ServerControl(conn)
+            first = ctl.install_dropin(unit_dir=unit_dir, reload=False)
+            assert first == {"path": f"{unit_dir}/sglang.service.d/50-ddtree.conf", "changed": True}
+            assert conn.run(f"cat {first['path']}").text() == render_dropin(host)
+            assert ctl.install_dropin(unit_dir=unit_dir, reload=False)["changed"] is False
+    finally:
+        remove_root(dataclasses.replace(host, server=dict(sandbox.base.server)))
+
+
+@pytest.mark.sandbox
+def test_managed_server_lifecycle(sandbox):
+    host = standin_host(sandbox.base, "t-srv-managed")
+    install_standin(host)
+    try:
+        with HostConnection(host) as conn:
+            ctl = ServerControl(conn)
+            assert ctl.status()["running"] is False
+            started = ctl.start(release="r1", ddtree=True)
+            st = ctl.status()
+            assert st["running"] and st["pid"] == started["pid"] and st["release"] == "r1"
+            # its own session, and the release root's `current` first on its import path
+            sid = conn.run(f"ps -o sid= -p {started['pid']}").text().strip()
+            assert sid == str(started["pid"])
+            environ = conn.run(f"tr '\\0' '\\n' < /proc/{started['pid']}/environ").text().splitlines()
+            assert f"PYTHONPATH={host.release_root}/current" in environ
+            with pytest.raises(Exception, match="already running"):
+                ctl.start(release="r1")
+            again = ctl.restart(release="r2", ddtree=False)
+            assert again["stopped"]["was_running"] and again["stopped"]["signal"] == "TERM"
+            assert ctl.status()["release"] == "r2"
+            assert "speculative False" in ctl.logs(20)["text"]
+            assert "speculative True" in ctl.logs(20, previous=True)["text"]  # the log of the run before
+            stopped = ctl.stop()
+            assert stopped["was_running"] and not ctl.status()["running"]
+            state = conn.run(f"ps -o stat= -p {again['started']['pid']}", check=False).text().strip()
+            assert state in ("",) or state.startswith("Z")  # gone (or a zombie waiting for init to reap it)
+            assert ctl.stop() == {"was_running": False}
+    finally:
+        remove_root(host)
