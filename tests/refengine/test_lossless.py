@@ -47,7 +47,7 @@ def _chi_square_p(samples: list[tuple[int, ...]], exact: dict[tuple[int, int, in
     observed = [sum(1 for s in samples if s == t) for t in bins]
     expected.append(N - sum(expected))
     observed.append(N - sum(observed))
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
     df = len(bins)
     return float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(stat / 2.0))), df
 
