@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import ddtree_refengine
 import pytest
@@ -36,17 +39,29 @@ def _post(url: str, body: dict | bytes) -> tuple[int, dict]:
 
 
 @pytest.fixture
-def ddtree_server(site_dir, tmp_path):
+def release_dir(tmp_path) -> Path:
+    """A release as deploy builds it: an sglang package (here one that must not be imported) vendoring the runtime."""
+    release = tmp_path / "release"
+    sglang = release / "sglang"
+    sglang.mkdir(parents=True)
+    (sglang / "__init__.py").write_text("raise ImportError('the engine must not import sglang')\n")
+    shutil.copytree(RUNTIME_DIR, sglang / "srt" / "speculative" / "ddtree", ignore=shutil.ignore_patterns("__pycache__"))
+    return release
+
+
+@pytest.fixture
+def ddtree_server(site_dir, release_dir, tmp_path):
+    """DDTREE with the runtime found the deployed way: find_spec('sglang') on PYTHONPATH, no override."""
     server = start_server(
         site_dir, tmp_path,
         ["--speculative-algorithm", "DDTREE", "--ddtree-budget", "16", "--block-size", "8", "--seed", "0"],
-        {"DDTREE_RUNTIME_PATH": str(RUNTIME_DIR)},
+        {"PYTHONPATH": f"{site_dir}{os.pathsep}{release_dir}"},
     )
     yield server
     server.stop()
 
 
-def test_ddtree_server_endpoints_generation_and_sigterm(ddtree_server, runtime):
+def test_ddtree_server_endpoints_generation_and_sigterm(ddtree_server, release_dir, runtime):
     srv = ddtree_server
     assert srv.port is not None, srv.proc.stderr.read()
     assert int(srv.pid_file.read_text()) == srv.proc.pid
@@ -59,7 +74,7 @@ def test_ddtree_server_endpoints_generation_and_sigterm(ddtree_server, runtime):
     assert status == 200 and info["ready"] is True
     assert info["version"] == ddtree_refengine.__version__
     assert info["speculative_algorithm"] == "DDTREE" and info["speculative_ddtree_budget"] == 16
-    assert info["ddtree_runtime_path"] == str(RUNTIME_DIR)
+    assert info["ddtree_runtime_path"] == str((release_dir / "sglang" / "srt" / "speculative" / "ddtree").resolve())
     assert info["ddtree_runtime_version"] == runtime.__version__
 
     prompt = "The deploy probe says hello"
