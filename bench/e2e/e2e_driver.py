@@ -29,6 +29,7 @@ from pathlib import Path
 MODELS = Path(os.environ.get("E2E_MODELS", "/tmp/models"))
 MODELSETS = {
     "rand": ("tiny-qwen3", "tiny-dflash"),
+    "randf32": ("tiny-qwen3", "tiny-dflash"),  # same models served in float32 (bf16 near-ties excluded)
     "agree": ("agree-qwen3", "agree-dflash"),
 }
 BATCHES = (1, 4, 16)
@@ -64,6 +65,8 @@ def engine_kwargs(cfg: dict) -> dict:
         log_level=os.environ.get("E2E_LOG_LEVEL", "info"),
         max_running_requests=32,
     )
+    if cfg["modelset"].endswith("f32"):
+        kw["dtype"] = "float32"
     if cfg["graph"]:
         kw["cuda_graph_max_bs"] = 16
     else:
@@ -113,7 +116,7 @@ def run_one(name: str, outdir: Path) -> int:
                     "output_ids": [o["output_ids"] for o in outs],
                     "meta": [_meta(o["meta_info"]) for o in outs],
                 }
-            if cfg["modelset"] == "agree":
+            if cfg["modelset"].startswith("agree"):
                 # Stop token inside the accepted path: the cycle is 100,101,102,103; stop at 102.
                 sp = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "stop_token_ids": [102]}
                 outs, dt = generate(engine, allp[:4], sp)

@@ -1,9 +1,12 @@
 #!/bin/bash
 # On the GPU host: install the offline SGLang 0.5.11 bundle, lay the DDTree overlay over a copy of it, make the
 # tiny models, run the e2e configurations and write the report + logs under $OUT.
-# Usage (repo root, bundle in .e2e/, overlay in .e2e/overlay/): bash bench/e2e/gpu_run.sh CONFIGS [TAG]
+# Usage (repo root, bundle in .e2e/, overlay in .e2e/overlay/):
+#   bash bench/e2e/gpu_run.sh TAG PARALLEL_CONFIGS [SEQUENTIAL_CONFIGS]
+# PARALLEL_CONFIGS run several Engine processes at once (correctness, acceptance); SEQUENTIAL_CONFIGS run one at a
+# time afterwards (anything timed).
 set -u
-CONFIGS=$1; TAG=${2:-e2e}
+TAG=$1; CONFIGS=$2; SEQ=${3:-}
 B=$PWD/.e2e; OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/wheels/*.whl > "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 1; }
@@ -19,9 +22,10 @@ fi
 tail -1 "$OUT/models.log"
 echo "setup $(( $(date +%s) - T0 ))s"
 mkdir -p /tmp/res-$TAG
-python3 bench/e2e/e2e_driver.py orchestrate /tmp/res-$TAG "$CONFIGS" 2>&1 | tee "$OUT/orchestrate-$TAG.log"
+[ -n "$CONFIGS" ] && python3 bench/e2e/e2e_driver.py orchestrate /tmp/res-$TAG "$CONFIGS" 2>&1 | tee "$OUT/orchestrate-$TAG.log"
+[ -n "$SEQ" ] && E2E_WORKERS=1 E2E_DEADLINE=${E2E_SEQ_DEADLINE:-330} python3 bench/e2e/e2e_driver.py orchestrate /tmp/res-$TAG "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
 python3 bench/e2e/e2e_driver.py report /tmp/res-$TAG "$OUT/$TAG" > /dev/null
 cat "$OUT/$TAG.md"
 tar czf "$OUT/$TAG-raw.tgz" -C /tmp/res-$TAG .
-for f in /tmp/res-$TAG/logs/*.log; do echo "== $f"; grep -E "Error|error|Traceback|DDTree|Exception" "$f" | grep -v "UserWarning" | head -8; done 2>/dev/null | head -120
+for f in /tmp/res-$TAG/logs/*.log; do echo "== $f"; grep -E "Error|Traceback|DDTree|Exception|cuda graph" "$f" | grep -v -E "UserWarning|Ignore import error" | head -6; done 2>/dev/null | head -150
 echo "total $(( $(date +%s) - T0 ))s"
