@@ -30,7 +30,7 @@ from .patchset_format import PATCHSET_FILE, PatchFile, PatchSet, load_patchset, 
 STATE_FILE = "ddtree-dev.json"  # inside .git/
 BASE_TAG = "ddtree-base"
 BASE_DATE = "2000-01-01T00:00:00+0000"  # fixed so the base commit (and its id) is the same for the same base
-FORMAT_PATCH = ("format-patch", "--stdout", "--zero-commit", "--full-index", "--no-stat", "--no-signature",
+FORMAT_PATCH = ("format-patch", "--stdout", "--zero-commit", "--full-index", "--stat=80,60", "--no-signature",
                 "--subject-prefix=PATCH", "--no-numbered", "--diff-algorithm=myers", "--no-renames", "--no-color")
 
 
@@ -116,6 +116,9 @@ def _commit_patch(repo: Path, patch: PatchFile, *, three_way: bool) -> tuple[boo
         if three_way:
             args.append("--3way")
         proc = git(repo, *args, str(patch.path), check=False)
+        if proc.returncode == 0 and not _has_mail_date(patch):  # no Date: header → a fixed date, not "now"
+            env = git_env(GIT_COMMITTER_DATE=BASE_DATE)
+            git(repo, "commit", "-q", "--amend", "--no-edit", "--no-verify", f"--date={BASE_DATE}", env=env)
         return proc.returncode == 0, (proc.stdout + proc.stderr).decode(errors="replace")
     args = ["apply", "--index", "-p1", "--whitespace=nowarn"] + (["--3way"] if three_way else [])
     proc = git(repo, *args, str(patch.path), check=False)
@@ -125,6 +128,11 @@ def _commit_patch(repo: Path, patch: PatchFile, *, three_way: bool) -> tuple[boo
     env = git_env(GIT_AUTHOR_DATE=BASE_DATE, GIT_COMMITTER_DATE=BASE_DATE)
     git(repo, "commit", "-q", "--no-verify", "-F", "-", input=message.encode(), env=env)
     return True, ""
+
+
+def _has_mail_date(patch: PatchFile) -> bool:
+    head = patch.path.read_text().split("\n\n", 1)[0]
+    return any(line.startswith("Date:") for line in head.splitlines())
 
 
 def _plain_message(patch: PatchFile) -> str:
@@ -257,7 +265,8 @@ def update_yaml_text(text: str, *, series: list[str], base_files: dict[str, str]
     """
     lines = text.splitlines(keepends=True)
     try:
-        lines = _replace_block(lines, top_key="series", new=["series:\n", *[f"  - {s}\n" for s in series]])
+        lines = _replace_block(lines, top_key="series",
+                               new=["series:\n", *[f"  - {s}\n" for s in series]] if series else ["series: []\n"])
         files_block = ["  files:\n", *[f"    {p}: {h}\n" for p, h in sorted(base_files.items())]] if base_files \
             else ["  files: {}\n"]
         lines = _replace_nested(lines, parent="base", key="files", new=files_block)
@@ -290,10 +299,20 @@ def _block_end(lines: list[str], start: int, indent: int) -> int:
     return last
 
 
+def _keep_key_line(line: str, indent: int, key: str) -> str:
+    """The key line as written (with its comment), minus an inline empty value such as ``[]`` or ``{}``."""
+    m = re.match(rf"^(\s*){key}:\s*(\[\s*\]|\{{\s*\}})?(\s*#.*)?$", line.rstrip("\n"))
+    if m and not m.group(2):
+        return line if line.endswith("\n") else line + "\n"
+    comment = (m.group(3) or "") if m else ""
+    return f"{' ' * indent}{key}:{comment}\n"
+
+
 def _replace_block(lines: list[str], *, top_key: str, new: list[str]) -> list[str]:
     for i, line in enumerate(lines):
         if re.match(rf"^{top_key}:\s*(\[\s*\])?\s*(#.*)?$", line.rstrip("\n")):
-            return lines[:i] + new + lines[_block_end(lines, i, 0):]
+            head = [_keep_key_line(line, 0, top_key)] if len(new) > 1 else [new[0]]
+            return lines[:i] + head + new[1:] + lines[_block_end(lines, i, 0):]
     raise ValueError(f"no top-level {top_key}: block")
 
 
@@ -307,6 +326,8 @@ def _replace_nested(lines: list[str], *, parent: str, key: str, new: list[str]) 
                     ind = len(m.group(1))
                     new = [(" " * ind) + ln.lstrip(" ") if k == 0 else (" " * (ind + 2)) + ln.lstrip(" ")
                            for k, ln in enumerate(new)]
+                    if len(new) > 1:
+                        new[0] = _keep_key_line(lines[j], ind, key)
                     return lines[:j] + new + lines[_block_end(lines, j, ind):]
             ind = next((len(ln) - len(ln.lstrip(" ")) for ln in lines[i + 1:pend] if ln.strip()), 2)
             new = [(" " * ind) + ln.lstrip(" ") if k == 0 else (" " * (ind + 2)) + ln.lstrip(" ")

@@ -131,7 +131,9 @@ def parse_patch(text: str, *, source: str, package: str) -> tuple[str, tuple[Fil
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    is_mbox = bool(lines) and lines[0].startswith("From ") and any(ln.startswith("Subject:") for ln in lines[:40])
+    # mail form: `git format-patch` output ("From <sha> <date>") or a bare mail header ("From: …", "Subject: …")
+    is_mbox = bool(lines) and any(ln.startswith("Subject:") for ln in lines[:40]) and (
+        lines[0].startswith(("From ", "From:", "Subject:", "Date:")))
     subject = _subject(lines)
     files: list[FilePatch] = []
     i = 0

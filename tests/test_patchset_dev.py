@@ -8,8 +8,10 @@ Each test builds a whole-package work tree (the brief's contract), so they are t
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,19 @@ def wheel_011() -> WheelBase:
     return WheelBase(fetch_wheel("sglang", "0.5.11"))
 
 
+@pytest.fixture
+def work_root(tmp_path: Path):
+    """Where work trees go: RAM-backed /dev/shm when there is one (a whole-package tree is ~6k files, and on this
+    project's CI disk writing them dominates the test time), else the test's tmp_path. Same code either way."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        root = Path(tempfile.mkdtemp(prefix="ddtree-dev-test-", dir=shm))
+        yield root
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        yield tmp_path / "trees"
+
+
 def git(repo: Path, *args: str) -> str:
     proc = subprocess.run(["git", *AUTHOR, *args], cwd=repo, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -49,12 +64,12 @@ def snapshot_dir(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
 
-def test_dev_edit_refresh_round_trip(wheel_023: WheelBase, tmp_path: Path) -> None:
+def test_dev_edit_refresh_round_trip(wheel_023: WheelBase, tmp_path: Path, work_root: Path) -> None:
     family = copy_family("sample", tmp_path)
     ps_dir = family / "sglang-0.5.23"
     before = snapshot_dir(ps_dir)
     ps = load_patchset(ps_dir)
-    tree = make_dev_tree(ps, wheel_023, tmp_path / "work")
+    tree = make_dev_tree(ps, wheel_023, work_root / "work")
     work = tree.path
     assert tree.applied == ps.series
     # the whole package is there, base commit tagged, one commit per patch
@@ -93,18 +108,18 @@ def test_dev_edit_refresh_round_trip(wheel_023: WheelBase, tmp_path: Path) -> No
 
     # and it round-trips byte for byte: a fresh dev tree of the refreshed series refreshes to the same bytes
     after = snapshot_dir(ps_dir)
-    again = make_dev_tree(edited, wheel_023, tmp_path / "work2")
+    again = make_dev_tree(edited, wheel_023, work_root / "work2")
     res2 = refresh_patchset(edited, again.path)
     assert res2.written == [] and not res2.yaml_rewritten
     assert snapshot_dir(ps_dir) == after
 
 
-def test_hand_written_series_round_trips_semantically(wheel_011: WheelBase, tmp_path: Path) -> None:
+def test_hand_written_series_round_trips_semantically(wheel_011: WheelBase, tmp_path: Path, work_root: Path) -> None:
     family = copy_family("moved", tmp_path)
     ps_dir = family / "sglang-0.5.11"
     ps = load_patchset(ps_dir)
     original = build_overlay(ps, wheel_011)
-    tree = make_dev_tree(ps, wheel_011, tmp_path / "work")
+    tree = make_dev_tree(ps, wheel_011, work_root / "work")
     # the DEP-3 description became the commit message
     assert git(tree.path, "log", "-1", "--format=%s").strip() == "DeviceConfig gains a ddtree_enabled flag"
     res = refresh_patchset(ps, tree.path)
@@ -115,14 +130,14 @@ def test_hand_written_series_round_trips_semantically(wheel_011: WheelBase, tmp_
     assert build_overlay(load_patchset(ps_dir), wheel_011).digest == original.digest
 
 
-def test_port_to_a_new_base_with_drift(wheel_023: WheelBase, tmp_path: Path) -> None:
+def test_port_to_a_new_base_with_drift(wheel_023: WheelBase, tmp_path: Path, work_root: Path) -> None:
     """Porting: open the 0.5.11 series on 0.5.23 (3-way with pristine blobs), refresh into a 0.5.23 patch set."""
     family = copy_family("moved", tmp_path)
     old = load_patchset(family / "sglang-0.5.11")
     with pytest.raises(Exception) as refused:
-        make_dev_tree(old, wheel_023, tmp_path / "nodrift")
+        make_dev_tree(old, wheel_023, work_root / "nodrift")
     assert getattr(refused.value, "exit_code", None) == EXIT_PATCH
-    tree = make_dev_tree(old, wheel_023, tmp_path / "work", allow_base_drift=True)
+    tree = make_dev_tree(old, wheel_023, work_root / "work", allow_base_drift=True)
     assert any("BASE DRIFT" in w for w in tree.warnings)
     new_dir = family / "sglang-0.5.23"
     shutil.copytree(family / "sglang-0.5.11", new_dir)
@@ -138,15 +153,15 @@ def test_port_to_a_new_base_with_drift(wheel_023: WheelBase, tmp_path: Path) -> 
     assert b"    ddtree_enabled: bool = False\n" in ov.files[0].content
 
 
-def test_dev_stops_at_a_conflict_and_refresh_refuses_bad_trees(wheel_023: WheelBase, tmp_path: Path) -> None:
+def test_dev_stops_at_a_conflict_and_refresh_refuses_bad_trees(wheel_023: WheelBase, tmp_path: Path, work_root: Path) -> None:
     family = copy_family("conflict", tmp_path)
     ps = load_patchset(family / "sglang-0.5.11")
     with pytest.raises(SeriesDoesNotApply) as err:
-        make_dev_tree(ps, wheel_023, tmp_path / "work", allow_base_drift=True)
+        make_dev_tree(ps, wheel_023, work_root / "work", allow_base_drift=True)
     d = err.value.details
     assert d["patch"] == "0002-device-config-accept-ddtree.patch" and d["applied"] == ["0001-corpus-manager-flag.patch"]
     assert "refresh" in (err.value.hint or "")
-    work = tmp_path / "work"
+    work = work_root / "work"
     # refresh refuses the tree while the conflict is unresolved
     port = family / "sglang-0.5.23"
     shutil.copytree(family / "sglang-0.5.11", port)
@@ -180,3 +195,24 @@ def test_dev_refuses_a_non_empty_directory(wheel_011: WheelBase, tmp_path: Path)
     with pytest.raises(InputError) as err:
         make_dev_tree(load_patchset(PATCHSETS / "moved" / "sglang-0.5.11"), wheel_011, tmp_path / "work")
     assert "not an empty directory" in str(err.value) and (tmp_path / "work" / "keep.txt").read_text() == "mine"
+
+
+DDTREE_0511 = PATCHSETS.parent.parent / "patches" / "ddtree" / "sglang-0.5.11"
+
+
+@pytest.mark.skipif(not (DDTREE_0511 / "patchset.yaml").is_file(), reason="patches/ddtree/sglang-0.5.11 not written yet")
+def test_real_ddtree_series_round_trips(wheel_011: WheelBase, tmp_path: Path, work_root: Path) -> None:
+    """The DDTree series (mail-style patches with From:/Subject: headers) opens and refreshes to the same overlay."""
+    shutil.copytree(DDTREE_0511, tmp_path / "ddtree" / "sglang-0.5.11")
+    shutil.copytree(DDTREE_0511.parent / "runtime", tmp_path / "ddtree" / "runtime",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    ps = load_patchset(tmp_path / "ddtree" / "sglang-0.5.11")
+    original = build_overlay(ps, wheel_011)
+    tree = make_dev_tree(ps, wheel_011, work_root / "work")
+    subjects = git(tree.path, "log", "--reverse", "--format=%s", f"{BASE_TAG}..HEAD").splitlines()
+    assert subjects == [p.subject for p in ps.patches]  # author, subject and message came through git am
+    res = refresh_patchset(ps, tree.path)
+    assert res.series == ps.series and res.yaml_comments_kept
+    refreshed = load_patchset(ps.dir)
+    assert refreshed.base_files == ps.base_files
+    assert build_overlay(refreshed, wheel_011).digest == original.digest
