@@ -110,7 +110,7 @@ def host_time_us(fn, iters: int) -> float:
 
 
 def run_config(batch: int, budget: int, vocab: int, depth: int, iters: int, ref_requests: int,
-               device: str = "cuda") -> dict:
+               device: str = "cuda", sweep: bool = False) -> dict:
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     gen = torch.Generator(device=dev)
@@ -192,6 +192,12 @@ def run_config(batch: int, budget: int, vocab: int, depth: int, iters: int, ref_
         "kv_compaction": lambda: rt.kv_compaction(walk, slots, impl="triton"),
         "round": round_fn,
     }
+    if sweep:  # launch-knob sweep of the tree kernel (identical trees; only speed differs)
+        knobs = [(g, True, w) for g in (False, True) for w in (1, 2, 4, 8)] + [(False, False, 4), (True, False, 4)]
+        for use_gather, merge_at_end, warps in knobs:
+            name = f"tree_sweep_g{int(use_gather)}_m{int(merge_at_end)}_w{warps}"
+            parts[name] = (lambda ug=use_gather, me=merge_at_end, w=warps: build_tree_triton(
+                lp, tok, roots, budget, use_gather=ug, merge_at_end=me, num_warps=w))
     graph_us, errors = {}, {}
     for name, fn in parts.items():
         try:
@@ -266,6 +272,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--ref-requests", type=int, default=4)
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--sweep-budgets", default="64", help="budgets at which to sweep the tree kernel's knobs")
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="skip configs once this much time has passed")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="exercise the script on CPU (TRITON_INTERPRET=1, tiny shapes); numbers are meaningless")
@@ -286,7 +293,8 @@ def main() -> int:
                 results["configs"].append({"batch": batch, "budget": budget, "error": "skipped: time budget"})
                 continue
             try:
-                cfg = run_config(batch, budget, args.vocab, args.depth, args.iters, args.ref_requests, device)
+                sweep = str(budget) in args.sweep_budgets.split(",") and batch == max(map(int, args.batches.split(",")))
+                cfg = run_config(batch, budget, args.vocab, args.depth, args.iters, args.ref_requests, device, sweep)
             except Exception as exc:
                 traceback.print_exc()
                 cfg = {"batch": batch, "budget": budget, "error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -180,12 +180,12 @@ def test_kernel_equals_reference_and_oracle(rt, gen, dev, case):
 
 
 @needs_triton
-@pytest.mark.parametrize("case", KERNEL_CASES[:2], ids=["normal", "ties"])
-def test_kernel_register_gather_variant(rt, gen, dev, case):
-    """The in-register parent read (tl.gather) builds the same tree as the scratch-memory read."""
+@pytest.mark.parametrize("use_gather,merge_at_end", [(True, False), (False, False)])
+def test_kernel_variants(rt, gen, dev, use_gather, merge_at_end):
+    """Parent read by tl.gather or scratch memory, running merge (the default tests cover scratch + final
+    merge): the same tree every way."""
     from ddtree_runtime.tree_triton import build_tree_triton
 
-    batch, depth, vocab, budget, kind = case
-    lp, tok, roots = _tree_inputs(rt, gen, batch, depth, vocab, budget, kind, dev)
-    assert_same(build_tree_triton(lp, tok, roots, budget, use_gather=True),
-                rt.build_tree(lp, tok, roots, budget, impl="torch"), TREE_FIELDS)
+    lp, tok, roots = _tree_inputs(rt, gen, 1, 4, 8, 24, "ties", dev)
+    assert_same(build_tree_triton(lp, tok, roots, 24, use_gather=use_gather, merge_at_end=merge_at_end),
+                rt.build_tree(lp, tok, roots, 24, impl="torch"), TREE_FIELDS)

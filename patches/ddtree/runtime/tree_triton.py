@@ -2,8 +2,9 @@
 
 Same algorithm, keys and output as :mod:`.tree_ref` (read its docstring for why it is exact):
 per depth, the candidate children (parent position i, rank r) with (i + 1)(r + 1) <= N are scored, the
-N best (bitonic top-k on packed int64 keys) become that depth's list, and a running top-N over the per-depth
-lists yields the selected nodes in key order. Each depth reads its parents' scores either with an in-register
+N best (bitonic top-k on packed int64 keys) become that depth's list, and a top-N over the per-depth lists
+(once at the end when they fit one block, else a running merge per depth) yields the selected nodes in key
+order. Each depth reads its parents' scores either with an in-register
 ``tl.gather`` (USE_GATHER) or through a per-request scratch row in global memory ordered by CTA barriers
 (bar.sync makes a CTA's global writes visible to the CTA); the final parent/link resolution always uses scratch.
 The next depth's log-probs are prefetched while the current depth sorts.
@@ -28,9 +29,10 @@ INVALID = tl.constexpr((1 << 63) - 1)
 def _build_tree_kernel(
     lp_ptr, tok_ptr, root_ptr, table_ptr,
     token_ptr, parent_ptr, depth_ptr, score_ptr, first_ptr, next_ptr, num_ptr,
-    s_score_ptr, s_valid_ptr, s_par_ptr, s_rank_ptr, s_node_ptr, s_link_ptr,
+    s_score_ptr, s_valid_ptr, s_par_ptr, s_rank_ptr, s_node_ptr, s_link_ptr, s_glob_ptr,
     K_IN, L: tl.constexpr,
-    N: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, N1P: tl.constexpr, USE_GATHER: tl.constexpr,
+    N: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, N1P: tl.constexpr, GP: tl.constexpr,
+    USE_GATHER: tl.constexpr, MERGE_AT_END: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     N1: tl.constexpr = N + 1
@@ -43,6 +45,7 @@ def _build_tree_kernel(
     s_rank = s_rank_ptr + b * L * NP
     s_node = s_node_ptr + b * L * NP
     s_link = s_link_ptr + b * NP
+    s_glob = s_glob_ptr + b * GP
 
     packed = tl.load(table_ptr + tl.arange(0, MP))
     t_ok = packed >= 0
@@ -82,9 +85,16 @@ def _build_tree_kernel(
         tl.store(s_par + d * NP + offs, ((top >> 11) & 2047).to(tl.int32))
         tl.store(s_rank + d * NP + offs, (top & 2047).to(tl.int32))
         gkey = tl.where(ok & (offs < N), (skey << 16) | (d * NP + offs), INVALID)
-        best = smallest(tl.reshape(tl.join(best, gkey), [2 * NP]), NP)
+        if MERGE_AT_END:
+            tl.store(s_glob + d * NP + offs, gkey)
+        else:
+            best = smallest(tl.reshape(tl.join(best, gkey), [2 * NP]), NP)
         if not USE_GATHER:
             tl.debug_barrier()
+    if MERGE_AT_END:  # one top-N over all L lists instead of L running merges
+        tl.debug_barrier()
+        g_offs = tl.arange(0, GP)
+        best = smallest(tl.load(s_glob + g_offs, mask=g_offs < L * NP, other=INVALID), NP)
 
     sel = (offs < N) & (best != INVALID)
     flat = tl.where(sel, best & 0xFFFF, 0)
@@ -128,11 +138,17 @@ def _build_tree_kernel(
 
 
 USE_GATHER_DEFAULT = False
+MERGE_AT_END_MAX = 4096  # merge all L lists at the end when they fit one block of this many keys
 
 
 def build_tree_triton(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, root_tokens: torch.Tensor,
-                      budget: int, use_gather: bool | None = None) -> DraftTree:
-    """``use_gather`` picks the per-depth parent read (None = ``USE_GATHER_DEFAULT``); both give equal trees."""
+                      budget: int, use_gather: bool | None = None, merge_at_end: bool | None = None,
+                      num_warps: int | None = None) -> DraftTree:
+    """Launch knobs (all give identical trees; defaults chosen from H200 measurements, see bench/results):
+    ``use_gather``: read parents' scores with tl.gather instead of scratch memory;
+    ``merge_at_end``: one final top-N over the L per-depth lists (else a running merge per depth);
+    ``num_warps``: warps per request's program.
+    """
     batch, depth_l, k_in = check_build_args(topk_logprobs, topk_tokens, root_tokens, budget)
     dev = topk_logprobs.device
     n = budget
@@ -162,13 +178,19 @@ def build_tree_triton(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, ro
     s_rank = torch.empty((batch, depth_l * np_), **i32)
     s_node = torch.empty((batch, depth_l * np_), **i32)
     s_link = torch.empty((batch, np_), device=dev, dtype=torch.int64)
+    gp = next_pow2(depth_l * np_)
+    if merge_at_end is None:
+        merge_at_end = gp <= MERGE_AT_END_MAX
+    s_glob = torch.empty((batch, gp if merge_at_end else 1), device=dev, dtype=torch.int64)
+    if num_warps is None:
+        num_warps = 4 if mp <= 1024 else 8
     _build_tree_kernel[(batch,)](
         lp, tok, roots, table,
         out.token, out.parent, out.depth, out.score, out.first_child, out.next_sibling, out.num_nodes,
-        s_score, s_valid, s_par, s_rank, s_node, s_link,
+        s_score, s_valid, s_par, s_rank, s_node, s_link, s_glob,
         k_in, L=depth_l,
-        N=n, NP=np_, MP=mp, N1P=next_pow2(n1),
-        USE_GATHER=USE_GATHER_DEFAULT if use_gather is None else bool(use_gather),
-        num_warps=4 if mp <= 1024 else 8,
+        N=n, NP=np_, MP=mp, N1P=next_pow2(n1), GP=gp,
+        USE_GATHER=USE_GATHER_DEFAULT if use_gather is None else bool(use_gather), MERGE_AT_END=bool(merge_at_end),
+        num_warps=num_warps,
     )
     return out
