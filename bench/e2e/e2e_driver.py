@@ -34,6 +34,8 @@ MODELSETS = {
 }
 BATCHES = (1, 4, 16)
 MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
+SAMPLE_T = float(os.environ.get("E2E_SAMPLE_T", "2.5"))
+SAMPLE_REPS = int(os.environ.get("E2E_SAMPLE_REPS", "4"))
 
 
 def prompts(n: int, seed: int = 1234) -> list[list[int]]:
@@ -125,6 +127,19 @@ def run_one(name: str, outdir: Path) -> int:
                     "output_ids": [o["output_ids"] for o in outs],
                     "meta": [_meta(o["meta_info"]) for o in outs],
                 }
+            if cfg["modelset"].startswith("agree") and not cfg["graph"]:
+                # Temperature > 0: one independent target sample per tree node must leave the output law unchanged.
+                # At T=2.5 the agree target continues its cycle with p ~ 0.54 and spreads the rest over 511 tokens.
+                sp = {"temperature": SAMPLE_T, "max_new_tokens": 128, "ignore_eos": True}
+                outs_all, meta_all, secs = [], [], 0.0
+                for rep in range(SAMPLE_REPS):
+                    outs, dt = generate(engine, prompts(16, seed=500 + rep), sp)
+                    outs_all += [o["output_ids"] for o in outs]
+                    meta_all += [_meta(o["meta_info"]) for o in outs]
+                    secs += dt
+                res["workloads"]["sample-T"] = {"seconds": round(secs, 4), "temperature": SAMPLE_T,
+                                                "prompts_seeds": [500 + r for r in range(SAMPLE_REPS)],
+                                                "output_ids": outs_all, "meta": meta_all}
         if cfg["graph"] or speed_only or os.environ.get("E2E_SPEED") == "1":
             n_new = int(os.environ.get("E2E_SPEED_TOKENS", "256"))
             sp = {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}
@@ -204,11 +219,11 @@ def report(outdir: Path, result: Path) -> dict:
         cfg = d["config"]
         if cfg["algo"] == "ar" or not d.get("ok"):
             continue
-        base = rs.get(f"{cfg['modelset']}-ar" + ("-graph" if cfg["graph"] else ""))
+        base = rs.get(f"{cfg['modelset']}-ar" + ("-graph" if cfg["graph"] else "")) or rs.get(f"{cfg['modelset']}-ar")
         if not base or not base.get("ok"):
             continue
         for wl, w in d["workloads"].items():
-            if wl.startswith("speed") or wl not in base["workloads"]:
+            if wl.startswith("speed") or wl.startswith("sample") or wl not in base["workloads"]:
                 continue
             a, b = w["output_ids"], base["workloads"][wl]["output_ids"]
             same = [x == y for x, y in zip(a, b)]
@@ -234,6 +249,17 @@ def report(outdir: Path, result: Path) -> dict:
                     "accepted_per_round": round(accepted / verify, 4) if verify else None,
                     "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
                 }
+    for name, d in rs.items():
+        w = d.get("workloads", {}).get("sample-T")
+        if w:
+            verify = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
+            accepted = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
+            summary["acceptance"].setdefault(name, {})["sample-T"] = {
+                "verify_rounds": verify,
+                "accepted_drafts": accepted,
+                "accepted_per_round": round(accepted / verify, 4) if verify else None,
+                "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
+            }
     for name, d in rs.items():
         for wl, runs in d.get("workloads", {}).items():
             if not wl.startswith("speed"):
