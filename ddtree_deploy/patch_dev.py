@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,6 +230,18 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) 
         if blob.returncode == 0:  # else: created by an earlier commit of the series
             base_files[path] = hashlib.sha256(blob.stdout).hexdigest()
 
+    old_text = patchset.yaml_path.read_text()
+    new_text, kept = update_yaml_text(old_text, series=names, base_files=base_files)
+    # Validate the whole result in a scratch folder next to the real one (same relative runtime path) before
+    # touching the patch set: a refresh that would not load writes nothing.
+    scratch = Path(tempfile.mkdtemp(prefix=f".{patchset.dir.name}.refresh-", dir=patchset.dir.parent))
+    try:
+        (scratch / PATCHSET_FILE).write_text(new_text)
+        for name in names:
+            (scratch / name).write_bytes(bodies[name])
+        load_patchset(scratch / PATCHSET_FILE)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     written, unchanged = [], []
     for name in names:
         target = patchset.dir / name
@@ -239,8 +252,6 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) 
         tmp.write_bytes(bodies[name])
         tmp.replace(target)
         written.append(name)
-    old_text = patchset.yaml_path.read_text()
-    new_text, kept = update_yaml_text(old_text, series=names, base_files=base_files)
     if new_text != old_text:
         tmp = patchset.yaml_path.with_name(f".{PATCHSET_FILE}.tmp")
         tmp.write_text(new_text)
@@ -250,7 +261,6 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) 
         if old not in names and (patchset.dir / old).is_file() and not (patchset.dir / old).is_symlink():
             (patchset.dir / old).unlink()
             removed.append(old)
-    load_patchset(patchset.yaml_path)  # what we wrote must load, or the run is an error
     state["patches"] = [{"name": n, "commit": c, "subject": _commit_subject(repo, c)} for n, c in zip(names, commits, strict=True)]
     _write_state(repo, state)
     return RefreshResult(series=names, written=written, unchanged=unchanged, removed=removed, base_files=base_files,

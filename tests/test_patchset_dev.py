@@ -216,3 +216,31 @@ def test_real_ddtree_series_round_trips(wheel_011: WheelBase, tmp_path: Path, wo
     refreshed = load_patchset(ps.dir)
     assert refreshed.base_files == ps.base_files
     assert build_overlay(refreshed, wheel_011).digest == original.digest
+
+
+def test_cli_dev_and_refresh(tmp_path: Path, work_root: Path) -> None:
+    import json
+    import sys
+
+    root = tmp_path / "patches"
+    root.mkdir()
+    copy_family("moved", root)
+    env = {**os.environ, "COLUMNS": "250"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ddtree_deploy", "patchset", *args, "--patches", str(root)],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    work = work_root / "cli-work"
+    dev = run("dev", "moved", str(work), "--base", "sglang==0.5.11")
+    assert dev.returncode == 0, dev.stderr
+    assert "1 patch commit(s) of moved/sglang-0.5.11" in dev.stdout
+    again = run("dev", "moved", str(work), "--base", "sglang==0.5.11")
+    assert again.returncode == EXIT_USAGE and "not an empty directory" in again.stderr
+    first = run("refresh", "moved", str(work), "--json")  # bare name: the work tree knows its patch set
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["written"] == ["0001-device-config-ddtree-flag.patch"]  # now in format-patch form
+    second = run("refresh", "moved", str(work), "--json")
+    assert json.loads(second.stdout)["written"] == [] and not json.loads(second.stdout)["yaml_rewritten"]
+    wrong = run("refresh", "sample", str(work))
+    assert wrong.returncode == EXIT_USAGE and "was made from moved/sglang-0.5.11" in wrong.stderr

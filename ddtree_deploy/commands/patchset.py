@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from ..console import emit_json, err, out, table
-from ..errors import DeployError, PatchDoesNotApply
+from ..errors import DeployError, InputError, PatchDoesNotApply
 from ..patch_apply import apply_patchset, render_diff
 from ..patch_base import BaseSource, open_base
 from ..patchset_format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
@@ -200,8 +200,14 @@ def refresh_cmd(
 ) -> None:
     """Write the work tree's commits after the base back as the series (one .patch per commit) and the sha256 of
     every base file they touch into patchset.yaml (its comments are kept). Refuses a dirty tree."""
-    from ..patch_dev import refresh_patchset
+    from ..patch_dev import read_state, refresh_patchset
 
+    if "/" not in name and not Path(name).exists():  # a bare name: the patch set the work tree was made from
+        recorded = read_state(directory)
+        if recorded["name"].split("/", 1)[0] != name:
+            raise InputError(f"{directory} was made from {recorded['name']}, not {name!r}; name the patch set to "
+                             "refresh into (NAME/DIR or a path)")
+        name = recorded["patchset"]
     ps = load_patchset(name, root=root)
     res = refresh_patchset(ps, directory, renumber=renumber)
     if as_json:
