@@ -330,7 +330,7 @@ def check_path_in_package(path: str, package: str, *, what: str) -> None:
     """The overlay's path rule plus: no ``.git`` components, no empty or ``.`` components."""
     check_relative_path(path, package, what=what)
     parts = PurePosixPath(path).parts
-    if any(p in (".git", ".") for p in parts) or "//" in path or path.endswith("/"):
+    if len(parts) < 2 or any(p in (".git", ".") for p in parts) or "//" in path or path.endswith("/"):
         raise InputError(f"{what} path {path!r} is not a plain file path inside the {package} package")
 
 

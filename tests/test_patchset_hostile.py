@@ -77,6 +77,8 @@ def test_git_internals_and_dist_info_are_outside_the_package(sample_copy: Path) 
     assert "sglang/.git/hooks/post-checkout" in refused(sample_copy)
     patch.write_text(text.replace("sglang/srt/speculative/ddtree_sample_hook.py", "sglang-0.5.23.dist-info/RECORD"))
     assert "leaves the sglang package" in refused(sample_copy)
+    patch.write_text(text.replace("sglang/srt/speculative/ddtree_sample_hook.py", "sglang"))  # the package itself
+    assert "'sglang' is not a plain file path inside the sglang package" in refused(sample_copy)
 
 
 @pytest.mark.parametrize("header, what", [
