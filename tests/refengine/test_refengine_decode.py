@@ -98,3 +98,12 @@ def test_rejects_bad_requests(target):
         engine.generate([1, 10_000], SamplingParams(4))
     with pytest.raises(ValueError):
         Engine(target, "DDTREE", runtime=None)
+
+
+def test_budget_beyond_vocab_leaves_unused_slots_and_still_matches(target, runtime, ar_outputs):
+    """Block size 2 (L=1) with budget 300 > vocab 260: the tree has unused slots; verify must ignore them."""
+    engine = Engine(target, "DDTREE", runtime, budget=300, block_size=2)
+    prompt = PROMPTS[0]
+    res = engine.generate(encode(prompt), SamplingParams(MAX_NEW, 0.0))
+    assert res.output_ids == ar_outputs[prompt]
+    assert res.accept_length > 1.5  # with the whole vocab at depth 1, nearly every round accepts its one draft
