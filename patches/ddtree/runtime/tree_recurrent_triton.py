@@ -201,18 +201,20 @@ def _commit_kernel(
     a = tl.load(acc_ptr + b).to(tl.int64)
     ok = (slot >= 0) & (a >= 0) & (a < N1)
     if ok:
+        # distinct names per branch: Triton requires a name assigned in both branches to keep one type, and the
+        # two pools usually differ (fp32 SSM, bf16 conv)
         if c < NS_CHUNKS:
-            e = c * BLOCK + tl.arange(0, BLOCK)
-            m = e < S_SSM
-            val = tl.load(nssm_ptr + b * sn_b + a * sn_n + e, mask=m)
-            tl.store(ssm_ptr + slot * s_ssm_s + e, val.to(ssm_ptr.dtype.element_ty), mask=m)
+            e_s = c * BLOCK + tl.arange(0, BLOCK)
+            m_s = e_s < S_SSM
+            v_s = tl.load(nssm_ptr + b * sn_b + a * sn_n + e_s, mask=m_s)
+            tl.store(ssm_ptr + slot * s_ssm_s + e_s, v_s.to(ssm_ptr.dtype.element_ty), mask=m_s)
         else:
-            e = (c - NS_CHUNKS) * BLOCK + tl.arange(0, BLOCK)
-            m = e < D * W
-            d = e // W
-            t = e % W
-            val = tl.load(nconv_ptr + b * snc_b + a * snc_n + d * snc_d + t * snc_t, mask=m)
-            tl.store(cs_ptr + slot * scs_s + d * scs_d + t * scs_t, val.to(cs_ptr.dtype.element_ty), mask=m)
+            e_c = (c - NS_CHUNKS) * BLOCK + tl.arange(0, BLOCK)
+            m_c = e_c < D * W
+            d = e_c // W
+            t = e_c % W
+            v_c = tl.load(nconv_ptr + b * snc_b + a * snc_n + d * snc_d + t * snc_t, mask=m_c)
+            tl.store(cs_ptr + slot * scs_s + d * scs_d + t * scs_t, v_c.to(cs_ptr.dtype.element_ty), mask=m_c)
 
 
 def commit_tree_states_triton(ssm_state, conv_state, node_ssm, node_conv, accepted_last_node, cache_slot):
