@@ -408,9 +408,10 @@ n = 0
 for ssm, conv in (("*fp32", "*bf16"), ("*bf16", "*bf16"), ("*fp32", "*fp32")):
     n += aot(T._commit_kernel, {"ssm_ptr": ssm, "cs_ptr": conv, "nssm_ptr": ssm, "nconv_ptr": conv,
                                 "acc_ptr": "*i64", "slot_ptr": "*i64"}, {"W": 3, "BLOCK": 1024, "NS_CHUNKS": 16})
-for act, st, bv, rnd in (("*bf16", "*fp32", 8, False), ("*bf16", "*bf16", 32, True), ("*fp32", "*fp32", 16, False)):
-    ptrs = {k: act for k in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "beta_ptr")}
-    ptrs.update(g_ptr="*fp32", parent_ptr="*i32", slot_ptr="*i64", h0_ptr="*fp32", hs_ptr=st)
+for act, bt, st, bv, rnd in (("*bf16", "*fp32", "*fp32", 8, False), ("*bf16", "*bf16", "*bf16", 32, True),
+                             ("*fp32", "*fp32", "*fp32", 16, False)):
+    ptrs = {k: act for k in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
+    ptrs.update(g_ptr="*fp32", beta_ptr=bt, parent_ptr="*i32", slot_ptr="*i64", h0_ptr="*fp32", hs_ptr=st)
     n += aot(T._tree_gdn_kernel, ptrs, {"N1": 16, "H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128, "BV": bv,
                                        "L2NORM": True, "ROUND": rnd}, floats=("scale",))
 for act, cs, bias in (("*bf16", "*bf16", True), ("*fp32", "*fp32", False)):
