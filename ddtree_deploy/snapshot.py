@@ -40,9 +40,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import datetime as _dt
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -133,14 +133,20 @@ class SnapshotStore:
     def has_blob(self, sha256: str) -> bool:
         return (self.objects / sha256).is_file()
 
-    def _sweep_incoming(self) -> None:
-        """Remove temporary blobs left by snapshot processes that no longer run (killed mid-transfer)."""
-        if not self.incoming.is_dir():
-            return
-        for tmp in self.incoming.iterdir():
-            pid = tmp.name.split("-", 1)[0]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                tmp.unlink(missing_ok=True)
+    def _sweep(self, host_name: str) -> None:
+        """Remove what snapshot processes that no longer run left behind (killed mid-transfer or mid-write):
+        temporary blobs ``objects/.incoming/<pid>-*`` and temporary entries ``<host>/.tmp-<id>-<pid>``."""
+        if self.incoming.is_dir():
+            for tmp in self.incoming.iterdir():
+                pid = tmp.name.split("-", 1)[0]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    tmp.unlink(missing_ok=True)
+        host_dir = self.root / host_name
+        if host_dir.is_dir():
+            for tmp in host_dir.glob(".tmp-*"):
+                pid = tmp.name.rsplit("-", 1)[-1]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
 
     # -- taking a snapshot -----------------------------------------------------------------------------------------
     def take(self, host: Host, progress: Progress | None = None, *, connection: HostConnection | None = None,
@@ -160,36 +166,38 @@ class SnapshotStore:
         stats = SnapshotStats()
         self.objects.mkdir(parents=True, exist_ok=True)
         self.incoming.mkdir(parents=True, exist_ok=True)
-        self._sweep_incoming()
-        # Facts (torch import: seconds on a cold host) run on their own channel while we hash and transfer.
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"facts-{host.name}")
-        facts_future = pool.submit(facts_mod.gather, host, conn, refresh=refresh, package=package)
+        self._sweep(host.name)
+        # Facts (torch import: seconds on a cold host) run on their own channel while we hash and transfer. A daemon
+        # thread, not an executor: an interrupted snapshot must not wait for a slow torch import to finish.
+        facts_call = _Background(facts_mod.gather, host, conn, refresh=refresh, package=package)
+        report("manifest", 0, 0)
+        t0 = time.monotonic()
         try:
-            report("manifest", 0, 0)
-            t0 = time.monotonic()
             raw = conn.call("facts", "manifest", site_packages=host.site_packages, package=package,
                             release_root=host.release_root, refresh=refresh)
-            stats.manifest_seconds = time.monotonic() - t0
-            stats.host_hashed = raw.get("hashed", 0)
-            files = {p: {"sha256": v[0], "size": v[1], "mode": v[2]} for p, v in raw["files"].items()}
-            stats.files = len(files)
-            stats.bytes = sum(v["size"] for v in files.values())
-            wanted: dict[str, str] = {}  # path on the host -> sha256, one path per missing blob
-            seen: set[str] = set()
-            for path in sorted(files):
-                sha = files[path]["sha256"]
-                if sha not in seen:
-                    seen.add(sha)
-                    if not self.has_blob(sha):
-                        wanted[path] = sha
-            stats.blobs_needed = len(wanted)
-            if wanted:
-                t1 = time.monotonic()
-                self._fetch(conn, host, wanted, {p: files[p]["size"] for p in wanted}, report, stats)
-                stats.transfer_seconds = time.monotonic() - t1
-            host_facts = facts_future.result()
-        finally:
-            pool.shutdown(wait=True)
+        except RemoteError as exc:
+            if exc.kind == "missing":
+                raise InputError(f"{host.source}: field 'site_packages': {exc}") from exc
+            raise
+        stats.manifest_seconds = time.monotonic() - t0
+        stats.host_hashed = raw.get("hashed", 0)
+        files = {p: {"sha256": v[0], "size": v[1], "mode": v[2]} for p, v in raw["files"].items()}
+        stats.files = len(files)
+        stats.bytes = sum(v["size"] for v in files.values())
+        wanted: dict[str, str] = {}  # path on the host -> sha256, one path per missing blob
+        seen: set[str] = set()
+        for path in sorted(files):
+            sha = files[path]["sha256"]
+            if sha not in seen:
+                seen.add(sha)
+                if not self.has_blob(sha):
+                    wanted[path] = sha
+        stats.blobs_needed = len(wanted)
+        if wanted:
+            t1 = time.monotonic()
+            self._fetch(conn, host, wanted, {p: files[p]["size"] for p in wanted}, report, stats)
+            stats.transfer_seconds = time.monotonic() - t1
+        host_facts = facts_call.result()
         stats.seconds = time.monotonic() - started
         snap = self._write_entry(host.name, package, host_facts, files, raw.get("links", {}), raw, stats)
         report("done", stats.bytes_transferred, stats.bytes_transferred)
@@ -407,6 +415,29 @@ class SnapshotStore:
             "unchanged": len(set(ma) & set(mb)) - len(changed),
             "facts": facts_diff,
         }
+
+
+class _Background:
+    """Run one call in a daemon thread; ``result()`` returns its value or raises its exception."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, daemon=True, name="ddtree-facts")
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: Any) -> dict[str, Any]:

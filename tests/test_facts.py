@@ -104,5 +104,5 @@ def test_hanging_torch_import_is_killed(sandbox, bare_python) -> None:
                         torch_timeout=2.0, refresh=True, timeout=60)
         assert raw["torch"]["status"] == "timeout"
         # the probe's process group was killed: nothing is left sleeping in the torch import
-        left = conn.run("ps -eo args | grep -c '[i]mport json, sys' || true").text().strip()
+        left = conn.run("ps -eo args | grep -c '[v]env-facts-test/bin/python -c' || true").text().strip()
         assert left == "0"

@@ -8,6 +8,7 @@ host's files on this machine (the sandbox host tree is a local directory).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.errors import TransportError
+from ddtree_deploy.errors import InputError, TransportError
 from ddtree_deploy.sandbox import PY_TAG
 from ddtree_deploy.snapshot import Snapshot, SnapshotStore
 from ddtree_deploy.transport import HostConnection
@@ -198,6 +199,14 @@ def test_verify_detects_corrupted_and_missing_blobs(store, base_snap) -> None:
         blob.write_bytes(original)
         blob.chmod(0o444)
     assert store.verify(base_snap.id) == []
+
+
+def test_wrong_site_packages_is_bad_input_naming_the_host_file(sandbox, store) -> None:
+    wrong = dataclasses.replace(sandbox.base, site_packages="/srv/ddtree-host/no-such-site-packages")
+    with pytest.raises(InputError) as info:
+        store.take(wrong)
+    assert sandbox.base.source in str(info.value) and "site_packages" in str(info.value)
+    assert info.value.exit_code == 2
 
 
 def test_get_by_prefix_and_host_name(store, base_snap) -> None:

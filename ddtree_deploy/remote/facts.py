@@ -32,7 +32,8 @@ _CACHE_NAME = ".manifest-cache.json"
 _FACTS_CACHE_NAME = ".facts-cache.json"
 
 _TORCH_PROBE = r"""
-import json, sys
+import json, os, sys
+os.nice(10)  # a probe: never compete with the SGLang server (or the snapshot transfer) for the host's CPUs
 sys.path.append(sys.argv[1])
 import torch
 r = {"version": str(torch.__version__), "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
