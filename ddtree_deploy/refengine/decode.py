@@ -18,7 +18,7 @@ from types import ModuleType
 
 import torch
 
-from .models import BlockDrafter, TinyTarget
+from .models import BlockDrafter, KVCache, TinyTarget
 
 ALGORITHMS = ("NONE", "DFLASH", "DDTREE")
 GREEDY_EPS = 1e-5  # same threshold as the runtime's sample_target_tokens
@@ -117,6 +117,11 @@ class Engine:
         return 1
 
     def generate(self, input_ids: list[int], params: SamplingParams, seed: int = 0) -> GenerationResult:
+        """Decode one request. ``seed`` drives every random draw, so a (seed, request) pair replays exactly.
+
+        The first token always comes from the prefill logits through the autoregressive sampler, so all
+        three algorithms share it; speculative rounds then start from it as their root.
+        """
         if not input_ids:
             raise ValueError("input_ids must not be empty")
         vocab = self.target.cfg.vocab_size
@@ -153,7 +158,7 @@ class Engine:
 
     def _round(
         self,
-        cache,
+        cache: KVCache,
         root: int,
         ctx_token: int,
         ctx_hidden: torch.Tensor,
