@@ -484,6 +484,8 @@ def resolve_patchset_path(name_or_path: str | Path, *, root: Path | None = None)
         raise InputError(f"patch set {text!r}: no {candidate} (available under {root}: {available})")
     if _NAME.match(text) and (root / text).is_dir():
         bases = [d.name for d in sorted((root / text).iterdir()) if (d / PATCHSET_FILE).is_file()]
+        if len(bases) == 1:  # only one base: no ambiguity
+            return (root / text / bases[0] / PATCHSET_FILE).resolve()
         raise InputError(f"patch set {text!r} has one folder per base ({', '.join(bases) or 'none'}): "
                          f"name one (e.g. {text}/{bases[0] if bases else 'sglang-X'}) or give --base/--snapshot")
     raise InputError(f"patch set {text!r} not found: not a file, not a directory with {PATCHSET_FILE}, "

@@ -29,7 +29,8 @@ app = typer.Typer(
 
 NameArg = typer.Argument(..., help="patch set: NAME/DIR (ddtree/sglang-0.5.11), a bare NAME (ddtree: picked by the "
                          "base's version), or a path to a patch-set folder or patchset.yaml")
-SnapshotOpt = typer.Option(None, "--snapshot", help="base: a snapshot id from the local store (`ddtree-deploy snapshot list`)")
+SnapshotOpt = typer.Option(None, "--snapshot", help="base: a snapshot from the local store ($DDTREE_SNAPSHOTS): id, "
+                           "unique prefix, or host name for its latest (`ddtree-deploy snapshot list`)")
 BaseOpt = typer.Option(None, "--base", help="base: a released wheel, PACKAGE==VERSION (sglang==0.5.23, downloaded once "
                        "and cached) or a path to a .whl file")
 DriftOpt = typer.Option(False, "--allow-base-drift", help="try the series on a base other than the one it was made for "
@@ -83,11 +84,11 @@ def show_cmd(name: str = NameArg, root: Optional[Path] = RootOpt, as_json: bool 
     if as_json:
         emit_json(info)
         return
-    out.print(f"[bold]{ps.qualified_name}[/bold] {ps.version}  ({ps.yaml_path})")
+    out.print(f"[bold]{escape(ps.qualified_name)}[/bold] {escape(ps.version)}  ({escape(str(ps.yaml_path))})", highlight=False)
     if ps.description:
-        out.print(ps.description)
+        out.print(ps.description, markup=False, highlight=False)
     out.print(f"base: {ps.base_package} {ps.base_version}, {len(ps.base_files)} file hash(es)   requires: "
-              + (", ".join(f"{k} {v}" for k, v in ps.requires.items()) or "nothing"))
+              + (", ".join(f"{k} {v}" for k, v in ps.requires.items()) or "nothing"), markup=False, highlight=False)
     out.print(table("series (applied in order, git apply -p1, no fuzz)", ["#", "patch", "subject", "files", "+", "-"],
                     [[i, s["name"], s["subject"], "\n".join(s["files"]), s["added"], s["removed"]]
                      for i, s in enumerate(info["series"], 1)]))
@@ -122,7 +123,8 @@ def check_cmd(
         return
     for w in result.warnings:
         err.print(f"[bold yellow]WARNING:[/bold yellow] {escape(w)}", highlight=False)
-    out.print(f"[bold]{ps.qualified_name}[/bold] {ps.version} on {src.package} {src.version} ({src.label})", highlight=False)
+    out.print(f"[bold]{escape(ps.qualified_name)}[/bold] {escape(ps.version)} on {src.package} {src.version} "
+              f"({escape(src.label)})", highlight=False)
     for step in result.steps:
         colour = "green" if step.status == "applied" else "yellow"
         out.print(f"  [{colour}]{step.status:<8}[/{colour}] {escape(step.name)}  ({escape(', '.join(step.files))})"
