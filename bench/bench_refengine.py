@@ -5,7 +5,7 @@ gives (and how fast) on a CPU host. Numbers are for the tiny seeded model (see r
 torch thread, batch 1, the runtime's plain-torch path (impl="auto" on CPU). On a tiny model the target
 forward costs about the same for 1 or 65 tokens, so tokens/s tracks acceptance minus per-round overhead.
 
-Usage: python bench/bench_refengine.py [--max-new-tokens 96] [--repeats 3] [--out bench/results/refengine-cpu.json]
+Usage: python bench/bench_refengine.py [--max-new-tokens 96] [--repeats 5] [--out bench/results/refengine-cpu.json]
 """
 
 from __future__ import annotations
@@ -72,30 +72,34 @@ def run(max_new: int, repeats: int, block_size: int, budgets: list[int]) -> dict
     for temperature in (0.0, 1.0):
         params = SamplingParams(max_new, temperature)
         ar_ref = {p: configs[0][1].generate(encode(p), params, seed=i).output_ids for i, p in enumerate(PROMPTS)}
-        for name, engine in configs:
+        stats = {name: {"rates": [], "tokens": 0, "rounds": 0, "commits": 0, "identical": True} for name, _ in configs}
+        for _, engine in configs:
             engine.generate(encode("warm-up"), SamplingParams(8, temperature))
-            rates, tokens, rounds, commits, identical = [], 0, 0, 0, True
-            for _ in range(repeats):
-                t0, n = time.perf_counter(), 0
+        # Configs interleaved within each repeat, so load drift on a shared host hits all of them alike.
+        for _ in range(repeats):
+            for name, engine in configs:
+                st, t0, n = stats[name], time.perf_counter(), 0
                 for i, prompt in enumerate(PROMPTS):
                     res = engine.generate(encode(prompt), params, seed=i)
                     n += len(res.output_ids)
-                    rounds += res.verify_rounds
-                    commits += sum(res.round_commits)
-                    identical &= res.output_ids == ar_ref[prompt]
-                rates.append(n / (time.perf_counter() - t0))
-                tokens += n
+                    st["rounds"] += res.verify_rounds
+                    st["commits"] += sum(res.round_commits)
+                    st["identical"] &= res.output_ids == ar_ref[prompt]
+                st["rates"].append(n / (time.perf_counter() - t0))
+                st["tokens"] += n
+        for name, _ in configs:
+            st = stats[name]
             row = {
                 "config": name,
                 "temperature": temperature,
-                "tokens_per_s_median": round(statistics.median(rates), 1),
-                "tokens_per_s_runs": [round(r, 1) for r in rates],
-                "accept_length": round(commits / rounds, 3) if rounds else 1.0,
-                "verify_rounds": rounds,
-                "tokens": tokens,
+                "tokens_per_s_median": round(statistics.median(st["rates"]), 1),
+                "tokens_per_s_runs": [round(r, 1) for r in st["rates"]],
+                "accept_length": round(st["commits"] / st["rounds"], 3) if st["rounds"] else 1.0,
+                "verify_rounds": st["rounds"],
+                "tokens": st["tokens"],
             }
             if temperature == 0.0:
-                row["greedy_output_equals_ar"] = identical
+                row["greedy_output_equals_ar"] = st["identical"]
             rows.append(row)
             print(f"T={temperature:<3} {name:<14} {row['tokens_per_s_median']:>8.1f} tok/s  "
                   f"accept {row['accept_length']:.2f}", flush=True)
@@ -105,7 +109,7 @@ def run(max_new: int, repeats: int, block_size: int, budgets: list[int]) -> dict
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": _git_commit(),
         "host": {"machine": platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                 "python": platform.python_version(), "torch_threads": 1, "loadavg_1m": os.getloadavg()[0]},
+                 "python": platform.python_version(), "torch_threads": 1, "loadavg_1m_at_end": os.getloadavg()[0]},
         "model": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "dtype": "float64",
         "runtime": describe(runtime),
         "block_size": block_size,
@@ -119,7 +123,7 @@ def run(max_new: int, repeats: int, block_size: int, budgets: list[int]) -> dict
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--budgets", type=int, nargs="+", default=[4, 16, 64])
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "refengine-cpu.json")
