@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -94,6 +95,16 @@ def test_manifest_is_exactly_the_installed_package(sandbox, base_snap) -> None:
     assert stats["blobs_transferred"] == len({e["sha256"] for e in expected.values()})
     cache = sandbox.box.load_state().hosts["sandbox-base"].fs / "ddtree" / ".manifest-cache.json"
     assert len(json.loads(cache.read_text())["entries"]) == len(expected)
+
+
+def test_uncompressed_stream_when_zstd_is_unavailable(sandbox, base_snap, tmp_path, monkeypatch) -> None:
+    """zstd is used only when both ends have it; without it the same tar stream goes uncompressed."""
+    assert base_snap.info["stats"]["wire"] == ("tar+zstd" if shutil.which("zstd") else "tar")
+    monkeypatch.setenv("DDTREE_SNAPSHOT_ZSTD", "0")
+    plain = SnapshotStore(tmp_path / "plain").take(sandbox.base)
+    assert plain.info["stats"]["wire"] == "tar"
+    assert plain.manifest == base_snap.manifest
+    assert plain.info["stats"]["wire_bytes"] > plain.info["stats"]["bytes_transferred"]  # tar headers, no compression
 
 
 def test_blobs_are_read_only_and_match_their_names(store, base_snap) -> None:
@@ -201,6 +212,21 @@ def test_verify_detects_corrupted_and_missing_blobs(store, base_snap) -> None:
     assert store.verify(base_snap.id) == []
 
 
+def test_host_without_torch_or_nvidia_smi_still_snapshots(sandbox, store, base_snap) -> None:
+    """An interpreter without torch (a venv without system packages) on a host without nvidia-smi."""
+    fs = sandbox.box.load_state().hosts["sandbox-base"].fs
+    name = "venv-snapshot-notorch"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fs / name)], check=True)
+    try:
+        bare = dataclasses.replace(sandbox.base, python=f"/srv/ddtree-host/{name}/bin/python")
+        snap = store.take(bare)
+    finally:
+        shutil.rmtree(fs / name)
+    assert snap.facts["torch"]["status"] == "missing" and snap.facts["torch"]["version"] is None
+    assert snap.facts["gpu"]["status"] == "absent" and "nvidia-smi not found" in snap.facts["gpu"]["error"]
+    assert snap.manifest == base_snap.manifest and snap.info["stats"]["blobs_transferred"] == 0
+
+
 def test_wrong_site_packages_is_bad_input_naming_the_host_file(sandbox, store) -> None:
     wrong = dataclasses.replace(sandbox.base, site_packages="/srv/ddtree-host/no-such-site-packages")
     with pytest.raises(InputError) as info:
@@ -281,3 +307,28 @@ def test_cli_abi_matrix_of_the_sandbox_hosts(sandbox, store, base_snap, drift_sn
     if base_snap.facts["torch"]["release"].startswith("2.11."):
         pytest.skip("this machine's torch is 2.11: the range is met")
     assert refused.returncode == 4 and "requirements" in refused.stdout
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "posix", "ustar"])
+def test_tar_reader_agrees_with_tarfile_on_real_tar_output(tmp_path, fmt) -> None:
+    """The receiver's small tar reader against GNU tar's formats: long names, odd sizes, empty files."""
+    import tarfile
+
+    from ddtree_deploy.snapshot import _tar_entries
+
+    root = tmp_path / "src"
+    deep = root / ("d" * 60) / ("e" * 60)  # names past ustar's 100 bytes (prefix field or long-name records)
+    deep.mkdir(parents=True)
+    (deep / "module_with_a_long_name.py").write_bytes(b"x" * 1234)
+    (root / "empty.py").write_bytes(b"")
+    (root / "block.bin").write_bytes(os.urandom(1024))
+    archive = tmp_path / "a.tar"
+    subprocess.run(["tar", "-c", f"--format={fmt}", "-f", str(archive), "-C", str(root), "."], check=True)
+    with tarfile.open(archive) as tf:
+        expected = {m.name: tf.extractfile(m).read() for m in tf if m.isfile()}
+    with open(archive, "rb") as fh:
+        got = {name: data for name, flag, data in _tar_entries(fh) if flag in (b"0", b"\0")}
+    assert got == expected and len(got) == 3
+    truncated = archive.read_bytes()[:2000]
+    with pytest.raises(EOFError):
+        list(_tar_entries(__import__("io").BytesIO(truncated)))

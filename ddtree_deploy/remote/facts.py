@@ -32,8 +32,7 @@ _CACHE_NAME = ".manifest-cache.json"
 _FACTS_CACHE_NAME = ".facts-cache.json"
 
 _TORCH_PROBE = r"""
-import json, os, sys
-os.nice(10)  # a probe: never compete with the SGLang server (or the snapshot transfer) for the host's CPUs
+import json, sys
 sys.path.append(sys.argv[1])
 import torch
 r = {"version": str(torch.__version__), "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
@@ -454,7 +453,7 @@ def manifest(site_packages, package="sglang", release_root=None, refresh=False):
     if cache_path and (todo or len(new_entries) != len(entries)):
         cache_written = _write_json(cache_path, {"site_packages": site_packages, "entries": new_entries})
     return {"site_packages": site_packages, "package": package, "dist_info": dist_info, "files": files,
-            "links": links, "hashed": len(todo), "cached": len(files) - len(todo), "cache_written": cache_written,
+            "links": links, "zstd": shutil.which("zstd") is not None, "hashed": len(todo), "cached": len(files) - len(todo), "cache_written": cache_written,
             "seconds": round(time.monotonic() - started, 3)}
 
 
