@@ -41,3 +41,15 @@ def test_kernel_equals_reference(rt, gen, dev):
         got = rt.kv_compaction(walk, slots, impl="triton")
         ref = rt.kv_compaction(walk, slots, impl="torch")
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+def test_nothing_accepted_keeps_only_the_root(rt, gen):
+    """Empty acceptance (no child matches): only the root's KV is kept, in place."""
+    logits = random_logits(gen, 2, 4, 10, "normal")
+    lp, tok = rt.draft_topk(logits, 6, impl="torch")
+    tree = rt.build_tree(lp, tok, torch.tensor([1, 2]), 6, impl="torch")
+    walk = rt.accept_walk(tree, torch.full_like(tree.token, -5), impl="torch")  # -5 matches no child token
+    assert walk.accept_len.tolist() == [0, 0] and walk.bonus_token.tolist() == [-5, -5]
+    slots = torch.arange(14).view(2, 7) + 100
+    src, dst = rt.kv_compaction(walk, slots, impl="torch")
+    assert src.tolist() == dst.tolist() == [[100] + [-1] * 4, [107] + [-1] * 4]
