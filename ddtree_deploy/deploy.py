@@ -22,7 +22,7 @@ from typing import Any, Callable
 from .errors import AbiIncompatible, DeployError, EXIT_FAILED, EXIT_OK, InputError, OperationFailed
 from .inventory import Host
 from .overlay import Overlay
-from .probe import Prober, ProbeResult
+from .probe import Prober, ProbeResult, Stage
 from .release import PushResult, ReleaseManager, new_run_id, rollback_target
 from .server import ServerControl, require_server
 from .transport import HostConnection
@@ -93,11 +93,8 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
                 timings["baseline"] = time.monotonic() - t
             progress(f"{host.name}: pushing {len(overlay.files)} overlay files")
             t = time.monotonic()
-            pushed: PushResult = mgr.push(overlay, extra_meta=extra_meta)
-            timings["push"] = time.monotonic() - t
-            t = time.monotonic()
-            switched = mgr.switch(pushed.release_id, reason="deploy")
-            timings["switch"] = time.monotonic() - t
+            pushed: PushResult = mgr.push(overlay, extra_meta=extra_meta, switch=True)  # one round trip for both
+            timings["push_switch"] = time.monotonic() - t
             progress(f"{host.name}: switched current → {pushed.release_id}; probing")
             report = ApplyReport(host.name, "ok", release=pushed.release_id, previous=previous,
                                  push={"release": pushed.release_id, "seconds": round(pushed.seconds, 3),
@@ -111,7 +108,11 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
                 restarted[0] = True
 
             t = time.monotonic()
-            probe = prober.run(pushed.release_id, restart=restart, label="probe")
+            try:
+                probe = prober.run(pushed.release_id, restart=restart, label="probe")
+            except DeployError as exc:  # e.g. the restart itself failed: still a failed probe, still rolled back
+                probe = ProbeResult(host.name, pushed.release_id, [Stage("probe", "fail", time.monotonic() - t, str(exc))])
+                restarted[0] = True
             timings["probe"] = time.monotonic() - t
             report.probe = probe
             if probe.ok:

@@ -9,8 +9,10 @@ installed package in which patched files *replace* their links, and the server s
 
 from __future__ import annotations
 
+import base64
 import getpass
 import io
+import json
 import os
 import posixpath
 import shlex
@@ -18,6 +20,7 @@ import socket
 import tarfile
 import time
 import uuid
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -25,9 +28,12 @@ from typing import Any, Callable, Iterable, Iterator
 from .errors import DeployError, OperationFailed, RemoteError
 from .inventory import Host
 from .overlay import Overlay
+from .remote import RESULT_MARKER, program_for
 from .transport import HostConnection
 
 _CHUNK = 1 << 16
+#: The build request travels inside the overlay's tar stream (argv is too small for large overlays' metadata).
+REQUEST_NAME = ".ddtree-build-request.json"
 
 
 class LockHeld(OperationFailed):
@@ -95,8 +101,10 @@ def describe_holder(holder: dict[str, Any], host_rebooted: bool) -> tuple[str, s
     return who, None
 
 
-def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK) -> Iterator[bytes]:
-    """The overlay's files as one uncompressed tar stream, produced in chunks (small: the files are source)."""
+def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK, extra: dict[str, bytes] | None = None) -> Iterator[bytes]:
+    """The overlay's files (and ``extra`` files at the top, e.g. the build request) as one uncompressed tar stream,
+    produced in chunks (small: the files are source). The extra files come last, so a cut stream never holds a
+    request without all the files it names."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         now = int(time.time())
@@ -106,6 +114,12 @@ def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK) -> Iterator[bytes]
             info.mode = f.mode
             info.mtime = now
             tar.addfile(info, io.BytesIO(f.content))
+        for name, data in (extra or {}).items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o600
+            info.mtime = now
+            tar.addfile(info, io.BytesIO(data))
     data = buf.getvalue()
     for i in range(0, len(data), chunk):
         yield data[i:i + chunk]
@@ -118,6 +132,7 @@ class PushResult:
     link_mode: str
     files: int
     bytes_sent: int
+    switched: dict[str, Any] | None = None
 
 
 class ReleaseManager:
@@ -128,6 +143,7 @@ class ReleaseManager:
         self.host: Host = conn.host
         self.root = self.host.release_root
         self.run_id = run_id or new_run_id()
+        self._holding = False  # inside locked(): finish() may release the lock in its round trip
 
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         return self.conn.call("release", op, timeout=timeout, **args)
@@ -154,45 +170,33 @@ class ReleaseManager:
 
     @contextmanager
     def locked(self, command: str, *, break_lock: bool = False) -> Iterator[dict[str, Any]]:
+        """Hold the host lock for the block; released at the end (by ``finish`` when the block calls it)."""
         info = self.acquire(command, break_lock=break_lock)
+        self._holding = True
         try:
             yield info
         finally:
-            try:
-                self.release_lock()
-            except DeployError:
-                pass  # connection lost: the lock stays and will be reported as stale, never silently broken
+            if self._holding:
+                try:
+                    self.release_lock()
+                except DeployError:
+                    pass  # connection lost: the lock stays and will be reported as stale, never silently broken
+            self._holding = False
 
     # -- push ------------------------------------------------------------------------------------------------------
-    def push(self, overlay: Overlay, *, extra_meta: dict[str, Any] | None = None,
-             chunks: Iterable[bytes] | None = None, release_id: str | None = None) -> PushResult:
-        """Send the overlay in one tar stream, then build ``releases/<id>`` in one remote call. Never switches.
+    def push(self, overlay: Overlay, *, extra_meta: dict[str, Any] | None = None, switch: bool = False,
+             stream_filter: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None,
+             release_id: str | None = None) -> PushResult:
+        """Send the overlay in one tar stream into a staging dir and build ``releases/<id>`` from it, in ONE SSH
+        round trip: ``tar -x`` on the host, then (only if it succeeded) the remote ``build`` op, whose request
+        travels inside the same tar. With ``switch`` the build also switches ``current`` to the new release, still
+        in that one remote call; otherwise nothing is switched.
 
-        ``chunks`` replaces the tar stream (the same bytes, e.g. wrapped to show progress or to cut the link).
+        ``stream_filter`` wraps the tar chunks on their way out (progress, or a test cutting the link midway).
         """
         start = time.monotonic()
         rid = release_id or release_id_for(overlay)
         staging = posixpath.join(self.root, "staging", self.run_id)
-        sent = [0]
-
-        def counted(source: Iterable[bytes]) -> Iterator[bytes]:
-            for c in source:
-                sent[0] += len(c)
-                yield c
-
-        stream = counted(chunks if chunks is not None else overlay_tar_chunks(overlay))
-        q = shlex.quote(staging)
-        cmd = f"rm -rf {q} && mkdir -p {q} && tar -x -f - -C {q} --no-same-owner"
-        try:
-            self.conn.send_stream(cmd, stream, timeout=self.host.command_timeout)
-        except RemoteError as exc:
-            self._discard(staging)
-            text = str(exc)
-            if "No space left" in text:
-                raise PushFailed(f"host {self.host.name}: no space left on the release root {self.root} while "
-                                 "receiving the overlay; nothing was switched") from exc
-            raise PushFailed(f"host {self.host.name}: receiving the overlay into {staging} failed "
-                             f"({text}); nothing was switched") from exc
         meta = {
             "run_id": self.run_id,
             "patchset": overlay.patchset,
@@ -206,13 +210,44 @@ class ReleaseManager:
             **(extra_meta or {}),
         }
         files = [{"path": f.path, "sha256": f.sha256, "mode": f.mode, "action": f.action} for f in overlay.files]
-        try:
-            res = self._call("build", root=self.root, site_packages=self.host.site_packages, package=overlay.package,
-                             release_id=rid, staging=staging, files=files, meta=meta, keep=self.host.keep_releases)
-        except RemoteError as exc:
-            raise PushFailed(f"host {self.host.name}: building release {rid} failed: "
-                             f"{exc.message.split('failed: ', 1)[-1]}") from exc
-        return PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], sent[0])
+        request = json.dumps({"op": "build", "args": {
+            "root": self.root, "site_packages": self.host.site_packages, "package": overlay.package, "release_id": rid,
+            "staging": staging, "files": files, "meta": meta, "keep": self.host.keep_releases, "and_switch": switch,
+        }}).encode()
+        sent = [0]
+
+        def counted(source: Iterable[bytes]) -> Iterator[bytes]:
+            for c in source:
+                sent[0] += len(c)
+                yield c
+
+        chunks: Iterator[bytes] = overlay_tar_chunks(overlay, extra={REQUEST_NAME: request})
+        if stream_filter is not None:
+            chunks = stream_filter(chunks)
+        q = shlex.quote(staging)
+        boot = (
+            "import sys,zlib,base64;"
+            f"p=zlib.decompress(base64.b64decode('{base64.b64encode(zlib.compress(program_for('release'), 9)).decode()}'));"
+            f"exec(compile(p,'<ddtree-remote>','exec'),{{'__name__':'__ddtree_remote__','_PAYLOAD':open(sys.argv[1],'rb').read()}})"
+        )
+        cmd = (f"rm -rf {q} && mkdir -p {q} && tar -x -f - -C {q} --no-same-owner && "
+               f"exec {shlex.quote(self.host.python)} -c {shlex.quote(boot)} {shlex.quote(posixpath.join(staging, REQUEST_NAME))}")
+        # transport.send_stream is run(stdin=chunks) with check=True; we need the output of a failed build too
+        result = self.conn.run(cmd, stdin=counted(chunks), timeout=self.host.command_timeout, check=False)
+        text = result.text()
+        if RESULT_MARKER not in text:
+            self._discard(staging)
+            err = (result.stderr.decode(errors="replace") or text).strip()[-1500:]
+            if "No space left" in err:
+                raise PushFailed(f"host {self.host.name}: no space left on the release root {self.root} while "
+                                 "receiving the overlay; nothing was switched")
+            raise PushFailed(f"host {self.host.name}: receiving the overlay into {staging} failed "
+                             f"(exit {result.exit_code}: {err}); nothing was switched")
+        reply = json.loads(text.rsplit(RESULT_MARKER, 1)[1].strip().splitlines()[0])
+        if not reply.get("ok"):
+            raise PushFailed(f"host {self.host.name}: building release {rid} failed: {reply.get('error')}")
+        res = reply["result"]
+        return PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], sent[0], res.get("switch"))
 
     def _discard(self, staging: str) -> None:
         try:
@@ -229,9 +264,14 @@ class ReleaseManager:
                           mark_bad=mark_bad, note=note)
 
     def finish(self, release_id: str | None, status: str | None, event: str, note: str = "", **fields: Any) -> list[str]:
-        """Verdict on ``release_id``, cleanup (keep_releases) and a journal line, in one round trip."""
-        return self._call("finish", root=self.root, release_id=release_id, status=status, keep=self.host.keep_releases,
-                          run_id=self.run_id, event=event, fields=fields, note=note)["removed"]
+        """Verdict on ``release_id``, cleanup (keep_releases), a journal line and, inside ``locked()``, the unlock:
+        one round trip at the end of a run."""
+        fields = {"by": f"{getpass.getuser()}@{socket.gethostname()}", **fields}
+        res = self._call("finish", root=self.root, release_id=release_id, status=status, keep=self.host.keep_releases,
+                         run_id=self.run_id, event=event, fields=fields, note=note, release_lock=self._holding)
+        if self._holding and res.get("unlocked", {}).get("released"):
+            self._holding = False
+        return res["removed"]
 
     def mark(self, release_id: str, status: str, note: str = "") -> dict[str, Any]:
         return self._call("mark", root=self.root, release_id=release_id, status=status, run_id=self.run_id, note=note)

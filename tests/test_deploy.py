@@ -131,3 +131,30 @@ def test_first_overlay_failing_goes_back_to_installed_package(sandbox):
         assert server["running"] and server["release"] is None
     finally:
         remove_root(host)
+
+
+def test_cli_releases_and_rollback_to_installed(deployed, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from standin.helpers import write_host_yaml
+
+    host, good, _ = deployed
+    write_host_yaml(host, tmp_path / "hosts")
+    env = {**os.environ, "DDTREE_INVENTORY": str(tmp_path / "hosts"), "COLUMNS": "250"}
+    cli = [sys.executable, "-m", "ddtree_deploy"]
+    proc = subprocess.run(cli + ["releases", host.name], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and good.release in proc.stdout and "active" in proc.stdout
+    proc = subprocess.run(cli + ["rollback", host.name, "--to", "no-such-release"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no release 'no-such-release'" in proc.stderr
+    proc = subprocess.run(cli + ["rollback", host.name, "--to", "installed", "--json"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["rolled_back_to"] is None and doc["probe"]["ok"]
+    info = json.loads(subprocess.run(cli + ["releases", host.name, "--json"], env=env, capture_output=True, text=True,
+                                     timeout=120).stdout)
+    assert info["state"]["active"] is None and info["current"] == "base"
+    assert info["journal"][-1]["event"] == "rollback"

@@ -86,3 +86,25 @@ def test_abi_errors_refuse_with_exit_4_unless_ignored_then_real_engine_passes(e2
     proc = _cli(env, "releases", host.name, "--json")
     rel = json.loads(proc.stdout)
     assert rel["state"]["releases"][-1]["status"] == "good" and rel["state"]["releases"][-1]["patchset"] == p.overlay.patchset
+
+
+def test_cli_fleet_recap_and_retry_file(e2e, tmp_path, sandbox):
+    """Canary (the base host) deploys; the 0.5.11 patch set does not apply to the drifted host's sglang 0.5.23:
+    refused with exit 5, listed in the recap and written to the retry file; --retry-failed picks exactly it up."""
+    host, env = e2e
+    drift = dataclasses.replace(sandbox.drift, release_root="/srv/ddtree-host/t-apply-drift")
+    write_host_yaml(drift, Path(env["DDTREE_INVENTORY"]))
+    retry = tmp_path / "retry"
+    try:
+        pin = ["--patchset", "ddtree/sglang-0.5.11", "--ignore-abi", "--retry-file", str(retry)]
+        proc = _cli(env, "apply", "--host", host.name, "--host", drift.name, *pin)
+        assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "recap" in proc.stdout and "refused" in proc.stdout
+        assert retry.read_text().split() == [drift.name]
+        proc = _cli(env, "apply", "--retry-failed", *pin, "--json")
+        doc = json.loads(proc.stdout)
+        assert proc.returncode == 5 and [h["host"] for h in doc["hosts"]] == [drift.name]
+        assert doc["hosts"][0]["status"] == "refused" and "0.5.23" in doc["hosts"][0]["message"]
+        assert _state(drift)[0]["state"]["releases"] == []
+    finally:
+        remove_root(drift)

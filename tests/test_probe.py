@@ -78,6 +78,23 @@ def test_dead_server_fails_startup_at_once(host):
     assert startup.data["seconds"] < 1.0  # seen on the first poll, not at the 4 s deadline
 
 
+def test_traceback_in_the_log_fails_startup_before_the_deadline(host):
+    tb = dataclasses.replace(host, server=dict(host.server, env={"STANDIN_MODE": "traceback"}),
+                             probe=dict(host.probe, startup_timeout=30.0))
+    with HostConnection(tb) as conn:
+        ctl = ServerControl(conn)
+        try:
+            ctl.restart(release=None, ddtree=False)
+            stage = Prober(conn).startup(None)
+        finally:
+            ServerControl(conn).stop()
+    with HostConnection(host) as conn:
+        ServerControl(conn).start(release=None, ddtree=False)
+    assert stage.status == "fail" and "a traceback appeared in the server log" in stage.detail
+    assert "RuntimeError: standin: scripted worker crash" in stage.log_tail
+    assert stage.data["seconds"] < 10.0  # the process still runs and /health says 503: the log decided, not the 30 s deadline
+
+
 def test_changed_prompts_make_the_baseline_stale(host):
     changed = dataclasses.replace(host, probe=dict(host.probe, prompts=["a different prompt"]))
     with HostConnection(changed) as conn:

@@ -12,7 +12,7 @@ import pytest
 
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.overlay import OverlayFile
-from ddtree_deploy.release import LockHeld, PushFailed, ReleaseManager, overlay_tar_chunks, rollback_target
+from ddtree_deploy.release import LockHeld, PushFailed, ReleaseManager, rollback_target
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import overlay, remove_root, standin_host
 
@@ -152,14 +152,14 @@ def test_ssh_cut_mid_push_leaves_old_release_and_installed_package(host):
     conn.open()
     mgr = ReleaseManager(conn)
 
-    def cut_midway():
-        for i, chunk in enumerate(overlay_tar_chunks(ov)):
+    def cut_midway(chunks):
+        for i, chunk in enumerate(chunks):
             if i == 4:
                 conn.close()  # the link dies with the tar stream half sent
             yield chunk
 
     with pytest.raises(DeployError):
-        mgr.push(ov, chunks=cut_midway())
+        mgr.push(ov, stream_filter=cut_midway, switch=True)
     with HostConnection(host) as conn2:
         mgr2 = ReleaseManager(conn2)
         info = mgr2.show()

@@ -216,7 +216,7 @@ def _purge_pycache(path):
     return removed
 
 
-def build(root, site_packages, package, release_id, staging, files, meta, keep=5):
+def build(root, site_packages, package, release_id, staging, files, meta, keep=5, and_switch=False):
     """Make ``releases/<release_id>`` from the installed package plus the staged overlay files; never switch.
 
     ``files``: [{path, sha256, mode, action}] relative to site-packages. Every staged file is verified against
@@ -294,10 +294,15 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
                               "patchset": meta.get("patchset"), "patchset_version": meta.get("patchset_version"),
                               "base_version": meta.get("base_version"), "overlay_digest": meta.get("overlay_digest")})
     _save_state(root, state)
-    _journal(root, "push", release=release_id, run=meta.get("run_id"), patchset=meta.get("patchset"),
-             base_version=meta.get("base_version"), digest=meta.get("overlay_digest"), link_mode=mode[0])
+    _journal(root, "push", release=release_id, run=meta.get("run_id"), by=meta.get("pushed_by"),
+             patchset=meta.get("patchset"), patchset_version=meta.get("patchset_version"),
+             base_version=meta.get("base_version"), base_snapshot=meta.get("base_snapshot"),
+             digest=meta.get("overlay_digest"), link_mode=mode[0], abi_ignored=meta.get("abi_ignored"))
+    switched = None
+    if and_switch:  # the caller's next step, done in this same round trip: the build above already succeeded
+        switched = switch(root, release_id, run_id=meta.get("run_id"), reason="deploy")
     return {"id": release_id, "path": final, "link_mode": mode[0], "seconds": round(time.time() - started, 3),
-            "files": len(files), "purged_pycache": purged}
+            "files": len(files), "purged_pycache": purged, "switch": switched}
 
 
 def _clean_stale(root, keep):
@@ -376,15 +381,17 @@ def mark(root, release_id, status, run_id=None, note=""):
     return rel
 
 
-def finish(root, release_id, status, keep, run_id, event, fields, note=""):
-    """End of a run in one round trip: record the verdict on ``release_id`` (if any), prune old releases, journal."""
+def finish(root, release_id, status, keep, run_id, event, fields, note="", release_lock=False):
+    """End of a run in one round trip: record the verdict on ``release_id`` (if any), prune old releases, journal,
+    and (with ``release_lock``) give up the lock if this run holds it."""
     if release_id and status:
         mark(root, release_id, status, run_id, note)
     removed = cleanup(root, keep, run_id)["removed"]
     entry = dict(fields)
     entry["run"] = run_id
     _journal(root, event, **entry)
-    return {"removed": removed}
+    unlocked = unlock(root, run_id) if release_lock else None
+    return {"removed": removed, "unlocked": unlocked}
 
 
 def journal(root, event, fields):

@@ -9,6 +9,7 @@ release it runs from, so a "bad release" really is bad and rolling back really f
   crash         logs a traceback and exits 1 after ``--crash-after`` seconds (default 0.3)
   exit          exits 3 silently after ``--crash-after`` seconds (a death without a traceback)
   hang          binds the port but /health answers 503 forever
+  traceback     like hang, and logs a traceback (a crashed worker behind a live front end)
   wrong-output  like ok, but the last generated token is changed
 
 Every exit writes ``standin: exit at <epoch seconds>`` to stderr so benchmarks can time detection from the exit.
@@ -80,6 +81,13 @@ def main():
                 traceback.print_exc()
             _exit(1)
         _exit(3)
+    if mode == "traceback":
+        time.sleep(args.crash_after)
+        try:
+            raise RuntimeError("standin: scripted worker crash")
+        except RuntimeError:
+            traceback.print_exc()
+        sys.stderr.flush()
     started = time.time()
     info = {"engine": "standin", "pid": os.getpid(), "speculative_algorithm": args.speculative_algorithm if spec_on else None,
             "ddtree_runtime_path": runtime if spec_on else None}
@@ -98,7 +106,7 @@ def main():
             self.wfile.write(data)
 
         def do_GET(self):
-            ready = mode != "hang" and time.time() - started >= args.ready_after
+            ready = mode not in ("hang", "traceback") and time.time() - started >= args.ready_after
             if self.path.startswith("/health"):
                 self._send(200 if ready else 503)
             elif self.path.startswith("/get_server_info"):
