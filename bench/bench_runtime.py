@@ -279,8 +279,10 @@ def main() -> int:
     args = ap.parse_args()
     device = "cpu" if args.cpu_smoke else "cuda"
     if not args.cpu_smoke and not torch.cuda.is_available():
-        print("no CUDA device: nothing to benchmark (use --cpu-smoke to exercise the script)", file=sys.stderr)
-        return 2
+        # `make bench` runs every bench script; on a GPU-less machine this one has nothing to measure.
+        print("bench_runtime: skipped, no CUDA device (GPU numbers: bench/results/runtime-h200.md; "
+              "--cpu-smoke exercises the script)")
+        return 0
     import triton
 
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)", "torch": torch.__version__, "triton": triton.__version__,

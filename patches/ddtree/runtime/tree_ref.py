@@ -121,7 +121,6 @@ def build_tree_torch(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, roo
     sel = sel_key != INVALID_KEY
     flat = torch.where(sel, sel_key & ((1 << GLOBAL_SHIFT) - 1), 0)
     d_idx = flat // n  # depth - 1
-    j_idx = flat % n
     node_idx = torch.arange(1, n + 1, device=dev, dtype=torch.int64).expand(batch, n)
     node_of = torch.zeros((batch, depth_l * n + 1), dtype=torch.int64, device=dev)
     node_of.scatter_(1, torch.where(sel, flat, depth_l * n), node_idx)
