@@ -1,4 +1,5 @@
-"""DDTree runtime: GPU tree build, verify inputs, acceptance walk and KV compaction for a whole batch.
+"""DDTree runtime: GPU tree build, verify inputs, acceptance walk, KV compaction and recurrent-state branching
+(hybrid GatedDeltaNet layers) for a whole batch.
 
 Every step has a Triton kernel (``*_triton.py``) and a plain-torch reference (``*_ref.py``); the public
 functions pick one with ``impl`` ("auto" = triton on CUDA tensors when triton imports). No step synchronises
@@ -12,6 +13,15 @@ from .compaction import kv_compaction
 from .selftest import self_test
 from .topk import draft_topk
 from .tree import build_tree
+from .tree_recurrent import (
+    check_budget_memory,
+    check_parent_order,
+    commit_tree_states,
+    max_budget_for_memory,
+    per_node_state_bytes,
+    tree_causal_conv1d,
+    tree_gated_delta_rule,
+)
 from .types import DraftTree, VerifyInputs, WalkResult
 from .verify import build_verify_inputs
 from .walk import accept_walk, sample_target_tokens
@@ -26,8 +36,15 @@ __all__ = [
     "accept_walk",
     "build_tree",
     "build_verify_inputs",
+    "check_budget_memory",
+    "check_parent_order",
+    "commit_tree_states",
     "draft_topk",
     "kv_compaction",
+    "max_budget_for_memory",
+    "per_node_state_bytes",
     "sample_target_tokens",
     "self_test",
+    "tree_causal_conv1d",
+    "tree_gated_delta_rule",
 ]
