@@ -169,14 +169,29 @@ class SnapshotStore:
         self.objects.mkdir(parents=True, exist_ok=True)
         self.incoming.mkdir(parents=True, exist_ok=True)
         self._sweep(host.name)
-        # Facts (torch import: seconds on a cold host) run on their own channel while we hash and transfer. A daemon
-        # thread, not an executor: an interrupted snapshot must not wait for a slow torch import to finish.
-        facts_call = _Background(facts_mod.gather, host, conn, refresh=refresh, package=package)
+        # Facts need a torch import on the host (seconds) unless the host cached them. A host snapshotted before
+        # most likely has that cache: one process then returns manifest and facts together. Otherwise (or if the
+        # guess was wrong) facts run on their own channel in a daemon thread while we transfer; a daemon thread, so
+        # an interrupted snapshot does not wait for a slow torch import to finish.
+        facts_call: _Background | None = None
+        host_facts: dict[str, Any] | None = None
+        args = {"site_packages": host.site_packages, "package": package, "release_root": host.release_root,
+                "refresh": refresh}
+        combined = not refresh and self.latest(host.name) is not None
+        if not combined:
+            facts_call = _Background(facts_mod.gather, host, conn, refresh=refresh, package=package)
         report("manifest", 0, 0)
         t0 = time.monotonic()
         try:
-            raw = conn.call("facts", "manifest", site_packages=host.site_packages, package=package,
-                            release_root=host.release_root, refresh=refresh)
+            if combined:
+                both = conn.call("facts", "snapshot", **args)
+                raw = both["manifest"]
+                if both["facts"] is not None:
+                    host_facts = facts_mod.finish(both["facts"], host.name)
+                else:
+                    facts_call = _Background(facts_mod.gather, host, conn, refresh=refresh, package=package)
+            else:
+                raw = conn.call("facts", "manifest", **args)
         except RemoteError as exc:
             if exc.kind == "missing":
                 raise InputError(f"{host.source}: field 'site_packages': {exc}") from exc
@@ -200,7 +215,9 @@ class SnapshotStore:
             self._fetch(conn, host, wanted, {p: files[p]["size"] for p in wanted}, report, stats,
                         host_zstd=bool(raw.get("zstd")))
             stats.transfer_seconds = time.monotonic() - t1
-        host_facts = facts_call.result()
+        if facts_call is not None:
+            host_facts = facts_call.result()
+        assert host_facts is not None
         stats.seconds = time.monotonic() - started
         snap = self._write_entry(host.name, package, host_facts, files, raw.get("links", {}), raw, stats)
         report("done", stats.bytes_transferred, stats.bytes_transferred)

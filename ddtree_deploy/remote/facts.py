@@ -5,6 +5,8 @@
 #       everything that decides binary compatibility: interpreter and ABI tag, glibc, torch build (imported in a
 #       subprocess with a timeout, so a broken torch cannot hang or kill us), driver and GPUs (nvidia-smi), the
 #       versions and torch pins of the packages SGLang runs with, and the compiled .so files inside the package.
+#   snapshot(site_packages, package, release_root, refresh)
+#       manifest + facts in one process when torch's facts are cached on the host (else facts is None).
 #   manifest(site_packages, package, release_root)
 #       sha256, size and mode of every file of the installed package and of its dist-info directory. Hashes are
 #       cached on the host in <release_root>/.manifest-cache.json keyed by (path, size, mtime_ns, inode), so an
@@ -187,25 +189,36 @@ def _elf_info(path):
     return info
 
 
-def _compiled_files(site_packages, package):
-    root = os.path.join(site_packages, package)
+def _compiled_files(site_packages, package, elf_cache, rel_paths=None):
+    """Every .so inside the package with its linkage; ELF details cached by (size, mtime_ns, inode) in elf_cache."""
+    if rel_paths is None:
+        rel_paths = [rel for rel, _entry in _walk(site_packages, package)]
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for fn in sorted(filenames):
-            if fn.endswith(".so") or ".so." in fn:
-                full = os.path.join(dirpath, fn)
-                rel = os.path.relpath(full, site_packages).replace(os.sep, "/")
-                elf = _elf_info(full)
-                needed = elf["needed"]
-                found.append({
-                    "path": rel,
-                    "size": os.path.getsize(full),
-                    "needed": needed,
-                    "links_libtorch": any(n.startswith(("libtorch", "libc10")) for n in needed),
-                    "links_cuda": any(n.startswith(("libcudart", "libcuda.", "libcublas")) for n in needed),
-                    "glibc_max": elf["glibc_max"],
-                })
+    for rel in sorted(rel_paths):
+        name = rel.rsplit("/", 1)[-1]
+        if not (name.endswith(".so") or ".so." in name):
+            continue
+        full = os.path.join(site_packages, rel)
+        try:
+            st = os.stat(full)
+        except OSError:
+            continue
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        old = elf_cache.get(rel)
+        if old and old[:3] == key:
+            elf = old[3]
+        else:
+            elf = _elf_info(full)
+            elf_cache[rel] = key + [elf]
+        needed = elf["needed"]
+        found.append({
+            "path": rel,
+            "size": st.st_size,
+            "needed": needed,
+            "links_libtorch": any(n.startswith(("libtorch", "libc10")) for n in needed),
+            "links_cuda": any(n.startswith(("libcudart", "libcuda.", "libcublas")) for n in needed),
+            "glibc_max": elf["glibc_max"],
+        })
     return found
 
 
@@ -336,21 +349,29 @@ def _write_json(path, data):
 
 
 # -- ops ------------------------------------------------------------------------------------------------------------
-def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0, refresh=False):
+def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0, refresh=False, cached_only=False,
+          so_paths=None):
+    """The facts record. ``cached_only``: return None instead of importing torch when its facts are not cached
+    (the caller then asks again in parallel with its transfer). ``so_paths``: the package's files, to skip a walk."""
     started = time.monotonic()
     if not os.path.isdir(os.path.join(site_packages, package)):
         raise Failure("%s is not installed in %s (no %s/ directory there)" % (package, site_packages, package), "missing")  # noqa: F821 (defined by _frame.py)
     identity = _torch_identity()
     cache_path = os.path.join(release_root, _FACTS_CACHE_NAME) if release_root else None
-    cached = _read_json(cache_path) if (cache_path and not refresh) else None
+    cached = (_read_json(cache_path) if cache_path else None) or {}
     probe = None
     torch = None
-    if identity is not None and cached and cached.get("identity") == identity and cached.get("torch", {}).get("status") == "ok":
+    if (not refresh and identity is not None and cached.get("identity") == identity
+            and cached.get("torch", {}).get("status") == "ok"):
         torch = dict(cached["torch"], cached=True)
     elif identity is not None:
+        if cached_only:
+            return None
         probe = _start_torch_probe(site_packages)  # runs while we gather everything else
     gpu_procs = _start_gpu_probe()
 
+    elf_cache = {} if refresh else dict(cached.get("compiled") or {})
+    before = json.dumps(elf_cache, sort_keys=True)
     dist_info, all_dist_infos, wheel = _dist_info(site_packages, package)
     result = {
         "hostname": platform.node(),
@@ -365,15 +386,19 @@ def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0
             "dist_infos_found": all_dist_infos,
             "wheel_tags": wheel.get("tags", []),
             "root_is_purelib": wheel.get("root_is_purelib"),
-            "compiled": _compiled_files(site_packages, package),
+            "compiled": _compiled_files(site_packages, package, elf_cache, so_paths),
         },
     }
     result["gpu"] = _finish_gpu_probe(gpu_procs)
+    dirty = json.dumps(elf_cache, sort_keys=True) != before
     if torch is None:
         torch = _torch_facts(probe, identity, torch_timeout, started)
         torch["cached"] = False
-        if torch.get("status") == "ok" and cache_path:
-            _write_json(cache_path, {"identity": identity, "torch": torch})
+        dirty = dirty or torch.get("status") == "ok"
+    if cache_path and dirty:
+        keep = torch if torch.get("status") == "ok" else cached.get("torch")
+        _write_json(cache_path, {"identity": identity if torch.get("status") == "ok" else cached.get("identity"),
+                                 "torch": keep, "compiled": elf_cache})
     dist_torch = (result["packages"].get("torch") or {}).get("version")
     torch.setdefault("version", dist_torch)
     torch["release"], torch["local"] = _split_version(torch.get("version"))
@@ -457,4 +482,12 @@ def manifest(site_packages, package="sglang", release_root=None, refresh=False):
             "seconds": round(time.monotonic() - started, 3)}
 
 
-OPS = {"facts": facts, "manifest": manifest}
+def snapshot(site_packages, package="sglang", release_root=None, refresh=False):
+    """Manifest and (when torch's facts are cached on the host) facts in one process: the re-snapshot fast path."""
+    m = manifest(site_packages, package, release_root, refresh)
+    f = facts(site_packages, package, release_root, refresh=refresh, cached_only=True,
+              so_paths=[p for p in m["files"] if p.startswith(package + "/")])
+    return {"manifest": m, "facts": f}
+
+
+OPS = {"facts": facts, "manifest": manifest, "snapshot": snapshot}
