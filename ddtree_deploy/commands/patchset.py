@@ -158,7 +158,11 @@ def diff_cmd(
         err.print(f"[bold yellow]NOTE:[/bold yellow] {escape(note)}", highlight=False)
     text = render_diff(result.overlay, src)
     if sys.stdout.isatty() and not no_pager:
+        import os
+
         from rich.syntax import Syntax
+
+        os.environ.setdefault("LESS", "-FRX")  # colours through less; no pager at all for a one-screen diff
 
         with out.pager(styles=True):
             out.print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
