@@ -239,6 +239,12 @@ def test_cli_check_diff_and_exit_codes(wheel_023: WheelBase) -> None:
     assert bad.returncode == EXIT_PATCH
     assert "0002-device-config-accept-ddtree.patch" in bad.stderr and "@@ -13,7 +13,7 @@ class DeviceConfig:" in bad.stderr
     assert "Optional[int]" in bad.stderr  # brackets in code survive the console
+    bad_json = cli("patchset", "check", "conflict/sglang-0.5.11", "--base", "sglang==0.5.23", "--allow-base-drift", "--json")
+    report = json.loads(bad_json.stdout)
+    assert bad_json.returncode == EXIT_PATCH and report["ok"] is False
+    assert (report["details"]["patch"], report["details"]["hunk"]) == ("0002-device-config-accept-ddtree.patch",
+                                                                       "@@ -13,7 +13,7 @@ class DeviceConfig:")
+    assert report["details"]["warnings"][0].startswith("BASE DRIFT")
     drift = cli("patchset", "check", "moved/sglang-0.5.11", "--base", "sglang==0.5.23")
     assert drift.returncode == EXIT_PATCH and "BASE DRIFT" in drift.stderr
     three = cli("patchset", "check", "moved/sglang-0.5.11", "--base", "sglang==0.5.23", "--allow-base-drift", "--3way")
