@@ -98,6 +98,8 @@ class Prober:
         self.cfg = self.host.probe
         self._runtime_present = False
         self._gpu_info: dict[str, Any] | None = None
+        self._prefetch = False  # set by run(): the start-up call also runs the generation stage on the host
+        self._generation: dict[str, Any] | None = None
 
     def _call(self, op: str, timeout: float, **args: Any) -> Any:
         return self.conn.call("probe", op, timeout=timeout + 30, **args)
@@ -181,8 +183,15 @@ class Prober:
         budget = float(self.cfg.get("startup_timeout", 600.0))
         url = base_url(self.host) + str(self.cfg.get("health_path", "/health"))
         try:
-            got = self._call("wait_ready", budget, pid_source=_pid_source(self.host), log_source=_log_source(self.host),
-                             url=url, budget=budget, poll=0.1)
+            prompts = list(self.cfg.get("prompts") or [])
+            gen_budget = float(self.cfg.get("generation_timeout", 120.0))
+            then = {"base_url": base_url(self.host), "prompts": prompts, "max_new_tokens": int(self.cfg.get("max_new_tokens", 32)),
+                    "budget": gen_budget, "baseline_path": baseline_path(self.host)} if prompts and self._prefetch else None
+            got = self._call("wait_ready", budget + (gen_budget if then else 0.0), pid_source=_pid_source(self.host),
+                             log_source=_log_source(self.host), url=url, budget=budget, poll=0.1, then_generate=then)
+            self._generation = got.get("generation")
+            if self._generation:  # its time belongs to the generation stage
+                t0 += float(self._generation.get("seconds") or 0.0)
         except DeployError as exc:
             return Stage("startup", "fail", time.monotonic() - t0, str(exc))
         seconds = time.monotonic() - t0
@@ -226,12 +235,19 @@ class Prober:
         if not prompts:
             return Stage("generation", "skip", 0.0, f"no probe.prompts in {self.host.source}")
         budget = float(self.cfg.get("generation_timeout", 120.0))
-        try:
-            got = self._call("generate", budget, url=base_url(self.host), prompts=prompts,
-                             max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget,
-                             baseline_path=baseline_path(self.host))
-        except DeployError as exc:
-            return Stage("generation", "fail", time.monotonic() - t0, str(exc))
+        prefetched, self._generation = self._generation, None
+        if prefetched is not None:  # ran on the host right after start-up, in the start-up stage's round trip
+            if not prefetched["ok"]:
+                return Stage("generation", "fail", prefetched["seconds"], prefetched["error"])
+            got = prefetched["result"]
+            t0 = time.monotonic() - prefetched["seconds"]
+        else:
+            try:
+                got = self._call("generate", budget, url=base_url(self.host), prompts=prompts,
+                                 max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget,
+                                 baseline_path=baseline_path(self.host))
+            except DeployError as exc:
+                return Stage("generation", "fail", time.monotonic() - t0, str(exc))
         baseline, replies = got["baseline"], got["replies"]
         if baseline is None:
             return Stage("generation", "skip", time.monotonic() - t0,
@@ -267,6 +283,7 @@ class Prober:
         not need the server (overlay, selftest) and the ones that do, so a release that cannot load is refused
         without a restart and a crash is timed from the real start."""
         stages: list[Stage] = []
+        self._prefetch, self._generation = True, None
         for name in STAGES:
             if any(s.status == "fail" for s in stages):
                 stages.append(Stage(name, "not-run", 0.0, "an earlier stage failed"))
@@ -279,6 +296,7 @@ class Prober:
             stages.append(stage)
             if stage.status == "fail" and not stage.log_tail and name in ("startup", "generation"):
                 stage.log_tail = self._log_tail()
+        self._prefetch, self._generation = False, None
         return ProbeResult(self.host.name, release, stages, label)
 
     def _log_tail(self, lines: int = 40) -> str:

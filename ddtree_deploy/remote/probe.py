@@ -161,9 +161,26 @@ def _http(url, timeout, data=None):
         return exc.code, exc.read()
 
 
-def wait_ready(pid_source, log_source, url, budget, poll=0.1, health_timeout=5.0):
+def wait_ready(pid_source, log_source, url, budget, poll=0.1, health_timeout=5.0, then_generate=None):
     """Return as soon as the outcome is known: ready (/health 200), dead (process gone), traceback (in the log),
-    or timeout (budget spent). /health is polled in a thread so a slow answer never delays seeing a death."""
+    or timeout (budget spent). /health is polled in a thread so a slow answer never delays seeing a death.
+
+    ``then_generate`` ({base_url, prompts, max_new_tokens, budget, baseline_path}): when ready, run the generation
+    stage too, in this same round trip; its outcome (or its Failure) is returned under "generation" with its own
+    timing, so the two stages keep their own budgets and verdicts."""
+    res = _wait_ready(pid_source, log_source, url, budget, poll, health_timeout)
+    if then_generate and res["state"] == "ready":
+        g0 = time.time()
+        try:
+            out = generate(then_generate["base_url"], then_generate["prompts"], then_generate["max_new_tokens"],
+                           then_generate["budget"], then_generate["baseline_path"])
+            res["generation"] = {"ok": True, "result": out, "seconds": round(time.time() - g0, 3)}
+        except Failure as exc:
+            res["generation"] = {"ok": False, "error": str(exc), "seconds": round(time.time() - g0, 3)}
+    return res
+
+
+def _wait_ready(pid_source, log_source, url, budget, poll, health_timeout):
     t0 = time.time()
     deadline = t0 + budget
     ready = threading.Event()
