@@ -221,6 +221,8 @@ def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ign
           command: str = "ddtree-deploy apply") -> ApplyReport:
     """The whole flow for one host. Raises DeployError (with its exit code) for refusals before any change:
     patch set missing or not applying (2/5), ABI errors (4), host unreachable (3), lock held or push failed (1)."""
+    if not dry_run:
+        require_server(host)  # a host we could not restart is refused before anything else happens
     t = time.monotonic()
     p = plan(host, patchset=patchset, progress=progress)
     plan_s = time.monotonic() - t
