@@ -80,7 +80,7 @@ def take(
                       disable=as_json or not err.is_terminal) as bar:
             task = bar.add_task("manifest", total=None)
 
-            def progress(stage: str, done: int, total: int) -> None:
+            def progress(stage: str, done: int, total: int, bar: Progress = bar, task: Any = task) -> None:
                 bar.update(task, description=stage, completed=done, total=total or None)
 
             try:
