@@ -13,12 +13,18 @@ dist-info directory (``__pycache__`` is left out: it is derived, host-specific a
 
 Why it is built this way:
 
-- Only blobs the store lacks cross the wire, as one ``tar`` stream read incrementally; every blob is hashed on
-  arrival and renamed into ``objects/`` only when it matches, so a half-received file never looks like a blob.
+- Only blobs the store lacks cross the wire, as one ``tar`` stream (``zstd -1`` compressed when both ends have zstd:
+  paramiko's per-byte cost is the bottleneck). A separate receiver process (stdlib only, its own CPU, out of the
+  GIL that paramiko's thread holds) reads the stream, hashes every blob on arrival and renames it into
+  ``objects/`` only when it matches the manifest, so a half-received file never looks like a blob. Member names
+  are only looked up in the list we asked for, never used as paths.
 - The entry directory is written under a temporary name and renamed last, so an interrupted snapshot leaves no
   entry, and the blobs that did arrive are complete and verified (harmless, and reused by the next attempt).
 - Hashing on the host is cached in ``<release_root>/.manifest-cache.json`` keyed by (path, size, mtime_ns, inode),
-  so re-snapshotting an unchanged host costs stat() calls and the manifest, nothing else.
+  and torch's facts in ``.facts-cache.json`` keyed by the identity of torch's files, so re-snapshotting an unchanged
+  host is one host process (manifest and facts together) and stat() calls: about 0.5 s for 0.5.23's 5,800 files
+  (bench/results/snapshot-sandbox.md). A first snapshot runs the facts (torch import) on a second channel while
+  the manifest is hashed and the blobs transferred.
 
 Public API: ``SnapshotStore(root)`` with ``take(host, progress=...)``, ``get(id_or_prefix)``, ``latest(host)``,
 ``list(host=None)``, ``verify(id)``, ``blob_path(sha256)``, ``materialize(snapshot, dest, paths=None)`` and
