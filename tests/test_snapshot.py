@@ -287,6 +287,12 @@ def test_cli_snapshot_bad_input_and_unreachable_host(sandbox, store, tmp_path) -
     gone = cli("snapshot", "sandbox-gone", "--inventory", str(inv), "--store", str(store.root))
     assert gone.returncode == 3 and "sandbox-gone" in gone.stderr
     assert store.list("sandbox-gone") == []
+    # abi --live compares the hosts it reaches, names the one it cannot, exits 3
+    live = cli("abi", "sandbox-base", str(inv / "sandbox-gone.yaml"), "--live", "--json",
+               "--inventory", str(sandbox.inventory))
+    assert live.returncode == 3 and "sandbox-gone" in live.stderr
+    doc = json.loads(live.stdout)
+    assert doc["hosts"] == ["sandbox-base"] and doc["unreachable"] == ["sandbox-gone"]
 
 
 def test_cli_abi_matrix_of_the_sandbox_hosts(sandbox, store, base_snap, drift_snap) -> None:

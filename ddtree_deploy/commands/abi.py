@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 from .. import abi
-from ..console import emit_json, out
-from ..errors import EXIT_ABI, InputError
+from ..console import emit_json, err, out
+from ..errors import EXIT_ABI, EXIT_UNREACHABLE, DeployError, InputError
 from ..facts import gather
 from ..inventory import load_inventory, resolve_host
 from ..snapshot import SnapshotStore
@@ -78,9 +79,14 @@ def abi_command(
     if not hosts and not facts_files:
         raise InputError("name at least one host, or give --all or --facts FILE")
     st = SnapshotStore(store)
+    unreachable: list[str] = []
     for host in hosts:
         if live:
-            facts_by_host[host.name] = gather(host)
+            try:
+                facts_by_host[host.name] = gather(host)
+            except DeployError as exc:  # report it and compare the others; exit 3 at the end
+                unreachable.append(host.name)
+                err.print(f"[bold red]{host.name}:[/bold red] {escape(str(exc))}")
         else:
             snap = st.latest(host.name)
             if snap is None:
@@ -107,7 +113,7 @@ def abi_command(
     else:
         findings = abi.check_hosts(facts_by_host)
     if as_json:
-        emit_json({"hosts": list(facts_by_host), "matrix": abi.matrix_rows(facts_by_host),
+        emit_json({"hosts": list(facts_by_host), "unreachable": unreachable, "matrix": abi.matrix_rows(facts_by_host),
                    "findings": [f.to_dict() for f in findings], "errors": sum(f.severity == abi.ERROR for f in findings)})
     else:
         out.print(abi.matrix(facts_by_host))
@@ -118,3 +124,5 @@ def abi_command(
         out.print(f"{errors} error(s), {warnings} warning(s)" + ("  → incompatible (exit 4)" if errors else ""))
     if abi.has_errors(findings):
         raise typer.Exit(EXIT_ABI)
+    if unreachable:
+        raise typer.Exit(EXIT_UNREACHABLE)
