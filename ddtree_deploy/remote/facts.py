@@ -96,32 +96,32 @@ def _requirement(line):
 
 
 def _dists(site_packages):
-    """Installed distributions we care about, first match on [site_packages] + sys.path wins (as import would)."""
+    """Installed distributions we care about, first match on [site_packages] + sys.path wins (as import would).
+
+    Looked up by name (a directory-name match per path entry) rather than by parsing every installed METADATA."""
     from importlib import metadata
 
-    seen = {}
     path = [site_packages] + [p for p in sys.path if p != site_packages]
-    for dist in metadata.distributions(path=path):
-        try:
-            name = _norm(dist.metadata["Name"] or "")
-        except Exception:
-            continue
-        if name not in TRACKED_DISTS or name in seen:
-            continue
-        pins = {}
-        for line in dist.requires or []:
-            req = _requirement(line)
-            if req is None or re.search(r"\bextra\s*==", req[3]):
-                continue
-            if _norm(req[0]) in TRACKED_DISTS:
-                pins[_norm(req[0])] = (req[2] + ("; " + req[3] if req[3] else "")).strip()
-        location = None
-        try:
-            location = str(dist.locate_file(""))
-        except Exception:
-            pass
-        seen[name] = {"version": dist.version, "requires_torch": pins.get("torch"), "pins": pins, "location": location}
-    return {name: seen.get(name) for name in TRACKED_DISTS}
+    found = {}
+    for name in TRACKED_DISTS:
+        found[name] = None
+        for dist in metadata.distributions(name=name, path=path):
+            pins = {}
+            for line in dist.requires or []:
+                req = _requirement(line)
+                if req is None or re.search(r"\bextra\s*==", req[3]):
+                    continue
+                if _norm(req[0]) in TRACKED_DISTS:
+                    pins[_norm(req[0])] = (req[2] + ("; " + req[3] if req[3] else "")).strip()
+            location = None
+            try:
+                location = str(dist.locate_file(""))
+            except Exception:
+                pass
+            found[name] = {"version": dist.version, "requires_torch": pins.get("torch"), "pins": pins,
+                           "location": location}
+            break
+    return found
 
 
 def _dist_info(site_packages, package):
