@@ -447,10 +447,13 @@ class SnapshotStore:
                 raise OperationFailed(f"snapshot {snap.id}: blob for {rel} missing; run `ddtree-deploy snapshot verify {snap.id}`")
             target.unlink(missing_ok=True)
             if link:
-                os.link(blob, target)
-            else:
-                shutil.copyfile(blob, target)
-                os.chmod(target, entry["mode"])
+                try:
+                    os.link(blob, target)
+                    continue
+                except OSError:  # another filesystem (EXDEV) or no hard links there: copy instead
+                    pass
+            shutil.copyfile(blob, target)
+            os.chmod(target, entry["mode"])
         return selected
 
     def diff(self, a: Snapshot | str, b: Snapshot | str) -> dict[str, Any]:
