@@ -1,0 +1,107 @@
+"""Fixtures for the SGLang 0.5.11 DDTree patch set: the real base wheel, the series applied to it, the overlay.
+
+The base wheel is fetched once with `pip download --no-deps sglang==0.5.11` into ~/.cache/ddtree-deploy/wheels
+(override with DDTREE_WHEEL_CACHE); tests skip with the reason only when the registry is unreachable.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PSET = REPO / "patches" / "ddtree" / "sglang-0.5.11"
+CACHE = Path(os.environ.get("DDTREE_WHEEL_CACHE", Path.home() / ".cache" / "ddtree-deploy" / "wheels"))
+
+
+def patchset() -> dict:
+    return yaml.safe_load((PSET / "patchset.yaml").read_text())
+
+
+def touched(patch: Path) -> list[str]:
+    return [ln.split(" b/", 1)[1] for ln in patch.read_text().splitlines() if ln.startswith("diff --git a/")]
+
+
+@pytest.fixture(scope="session")
+def base_wheel() -> Path:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    found = sorted(CACHE.glob("sglang-0.5.11-*.whl"))
+    if found:
+        return found[0]
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                        "-d", str(CACHE), "sglang==0.5.11"], capture_output=True, text=True, timeout=600)
+    found = sorted(CACHE.glob("sglang-0.5.11-*.whl"))
+    if not found:
+        pytest.skip(f"sglang 0.5.11 wheel not cached and the registry is unreachable: {r.stderr.strip()[-300:]}")
+    return found[0]
+
+
+def unpack(wheel: Path, dest: Path, only: list[str] | None = None) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.startswith("sglang/") and not n.endswith("/")]
+        if only is not None:
+            names = [n for n in names if n in set(only)]
+        for n in names:
+            p = dest / n
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(zf.read(n))
+
+
+def apply_series(root: Path) -> None:
+    meta = patchset()
+    for p in meta["series"]:
+        subprocess.run(["git", "apply", "-p1", "--verbose", str(PSET / p)], cwd=root, check=True,
+                       capture_output=True, text=True)
+    src = (PSET / meta["runtime"]["source"]).resolve()
+    shutil.copytree(src, root / meta["runtime"]["dest"], ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+@pytest.fixture(scope="session")
+def patched_tree(base_wheel: Path, tmp_path_factory) -> Path:
+    """The whole sglang 0.5.11 package with the series applied and the runtime vendored (like an overlay)."""
+    root = tmp_path_factory.mktemp("site")
+    unpack(base_wheel, root)
+    apply_series(root)
+    return root
+
+
+def sha256(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def load_module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def runtime(patched_tree: Path):
+    """The runtime as vendored in the patched tree, loaded as a stand-alone package."""
+    name = "ddtree_sglang_vendored_runtime"
+    if name in sys.modules:
+        return sys.modules[name]
+    d = patched_tree / patchset()["runtime"]["dest"]
+    spec = importlib.util.spec_from_file_location(name, d / "__init__.py", submodule_search_locations=[str(d)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def ddtree_verify(patched_tree: Path, runtime):
+    """The patch set's ddtree_verify module (torch-only at import), bound to the vendored runtime."""
+    mod = load_module("ddtree_sglang_verify", patched_tree / "sglang/srt/speculative/ddtree_verify.py")
+    mod._RUNTIME = runtime
+    return mod
