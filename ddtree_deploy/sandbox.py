@@ -163,7 +163,10 @@ class Sandbox:
             f"AuthorizedKeysFile {self.client_dir / 'authorized_keys'}",
             "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "UsePAM no", "StrictModes no", "PrintMotd no", "MaxStartups 200", "MaxSessions 200",
-            "LogLevel ERROR", "Subsystem sftp internal-sftp", "",
+            "LogLevel ERROR", "Subsystem sftp internal-sftp",
+            # bash sources ~/.bashrc for SSH commands only at shell level 1; this machine's root .bashrc runs
+            # `pyenv init` (~0.1 s of CPU per command), which a host's non-interactive commands should not pay
+            "SetEnv SHLVL=1", "",
         ]))
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         log = open(hdir / "sshd.log", "ab")
