@@ -1,0 +1,136 @@
+"""`--speculative-ddtree-budget` resolution in the patched sglang 0.5.11 ServerArgs (device="cuda", on CPU).
+
+Runs in a subprocess against the whole patched package (conftest `patched_tree`). Importing
+sglang.srt.server_args needs SGLang's Python dependencies (tests/sglang/requirements-cpu.txt, installed with --no-deps). Without them the
+test is skipped with the missing module's name, unless DDTREE_REQUIRE_SGLANG_DEPS=1 (then it fails).
+torchvision is replaced by a small stand-in package (a real package directory with dist-info), never installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TORCHVISION_STUB = '''import enum as _enum
+class InterpolationMode(_enum.Enum):
+    NEAREST = "nearest"; NEAREST_EXACT = "nearest-exact"; BILINEAR = "bilinear"; BICUBIC = "bicubic"
+    BOX = "box"; HAMMING = "hamming"; LANCZOS = "lanczos"
+class _Placeholder:
+    def __init__(self, *a, **k): pass
+    def __call__(self, *a, **k): raise RuntimeError("torchvision stand-in")
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Placeholder
+'''
+
+TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=512, hidden_size=64,
+              intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+              torch_dtype="bfloat16", eos_token_id=0, bos_token_id=0)
+
+SCRIPT = textwrap.dedent('''
+    import json, sys
+    from sglang.srt.server_args import ServerArgs
+    tgt, drf = sys.argv[1], sys.argv[2]
+    def mk(**kw):
+        base = dict(model_path=tgt, speculative_algorithm="DFLASH", speculative_draft_model_path=drf,
+                    device="cuda", skip_tokenizer_init=True, attention_backend="triton")
+        base.update(kw)
+        return ServerArgs(**base)
+    out = {}
+    def case(name, **kw):
+        try:
+            a = mk(**kw)
+            out[name] = {"ok": True, "num_draft_tokens": a.speculative_num_draft_tokens,
+                         "block_size": a.speculative_dflash_block_size, "budget": a.speculative_ddtree_budget,
+                         "topk": a.speculative_eagle_topk, "page_size": a.page_size}
+        except Exception as e:
+            out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
+    case("chain")
+    case("b15", speculative_ddtree_budget=15)
+    case("b1", speculative_ddtree_budget=1)
+    case("b64_block8", speculative_ddtree_budget=64, speculative_dflash_block_size=8)
+    case("zero", speculative_ddtree_budget=0)
+    case("too_big", speculative_ddtree_budget=1024)
+    case("flashinfer", speculative_ddtree_budget=15, attention_backend="flashinfer")
+    case("page16", speculative_ddtree_budget=15, page_size=16)
+    case("num_draft_tokens", speculative_ddtree_budget=15, speculative_num_draft_tokens=8)
+    case("window", speculative_ddtree_budget=15, speculative_dflash_draft_window_size=64)
+    case("eagle", speculative_ddtree_budget=15, speculative_algorithm="EAGLE")
+    print("RESULT" + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def resolved(patched_tree: Path, tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("sa")
+    tgt, drf = d / "tgt", d / "drf"
+    tgt.mkdir()
+    drf.mkdir()
+    (tgt / "config.json").write_text(json.dumps(TARGET))
+    draft = dict(TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
+                 num_target_layers=4, block_size=4,
+                 dflash_config={"block_size": 4, "target_layer_ids": [0, 2], "mask_token": "<|mask|>",
+                                "mask_token_id": 3})
+    (drf / "config.json").write_text(json.dumps(draft))
+    stub = d / "stub"
+    for sub in ["torchvision", "torchvision/transforms", "torchvision/transforms/v2"]:
+        (stub / sub).mkdir(parents=True)
+    for f in ["torchvision/io.py", "torchvision/ops.py", "torchvision/transforms/functional.py",
+              "torchvision/transforms/v2/functional.py"]:
+        (stub / f).write_text(TORCHVISION_STUB)
+    (stub / "torchvision/__init__.py").write_text(TORCHVISION_STUB + '__version__ = "0.26.0"\nfrom . import io, ops, transforms\n')
+    (stub / "torchvision/transforms/__init__.py").write_text(TORCHVISION_STUB + "from . import functional, v2\n")
+    (stub / "torchvision/transforms/v2/__init__.py").write_text(TORCHVISION_STUB + "from . import functional\n")
+    (stub / "torchvision-0.26.0.dist-info").mkdir()
+    (stub / "torchvision-0.26.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.26.0\n")
+    (stub / "torchvision-0.26.0.dist-info/RECORD").write_text("")
+    extra = os.environ.get("DDTREE_SGLANG_DEPS", "")  # optional extra site dir with SGLang's Python deps
+    pp = os.pathsep.join(p for p in [str(patched_tree), extra, str(stub), os.environ.get("PYTHONPATH", "")] if p)
+    env = {**os.environ, "PYTHONPATH": pp, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tgt), str(drf)], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=d)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
+    if line is None:
+        missing = [ln for ln in r.stderr.splitlines() if "No module named" in ln or "was not found" in ln]
+        msg = f"sglang.srt.server_args does not import here: {(missing or r.stderr.splitlines() or ['?'])[-1]}"
+        if os.environ.get("DDTREE_REQUIRE_SGLANG_DEPS") == "1" or not missing:
+            pytest.fail(msg + "\n" + r.stderr[-3000:])
+        pytest.skip(msg)
+    return json.loads(line[len("RESULT"):])
+
+
+def test_chain_is_unchanged(resolved):
+    r = resolved["chain"]
+    assert r["ok"] and r["budget"] is None
+    assert r["num_draft_tokens"] == 4  # the draft config's block size, as stock DFLASH resolves it
+
+
+@pytest.mark.parametrize("case,budget,block", [("b15", 15, 4), ("b1", 1, 4), ("b64_block8", 64, 8)])
+def test_verify_width_is_budget_plus_one_independent_of_block(resolved, case, budget, block):
+    r = resolved[case]
+    assert r["ok"], r
+    assert r["num_draft_tokens"] == budget + 1
+    assert r["block_size"] == block
+    assert r["topk"] == 1 and r["page_size"] == 1
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("zero", "must be a positive integer"),
+    ("too_big", "must be <= 1024"),
+    ("flashinfer", "use --attention-backend triton"),
+    ("page16", "needs --page-size 1"),
+    ("num_draft_tokens", "do not pass --speculative-num-draft-tokens"),
+    ("window", "--speculative-dflash-draft-window-size"),
+    ("eagle", "requires --speculative-algorithm DFLASH"),
+])
+def test_bad_combinations_are_rejected_clearly(resolved, case, needle):
+    r = resolved[case]
+    assert not r["ok"] and r["type"] == "ValueError", r
+    assert needle in r["msg"], r["msg"]
