@@ -1,13 +1,15 @@
-"""Temperature > 0 losslessness: compare the output law of DDTree / DFlash chain with autoregressive sampling.
+"""Temperature > 0 losslessness: test the output law of AR / DFlash chain / DDTree against the target's exact law.
 
-Usage: python bench/e2e/chisq.py RAW_DIR_OR_TGZ OUT_JSON
-Reads the `sample-T` workload of the agree-* configurations (bench/e2e/mk_agree.py target at T=2.5: after each
-token the target continues its cycle C0->C1->C2->C3 with probability ~0.54 and spreads the rest over the other
-tokens). Two-sample chi-square tests against agree-ar on
-  (1) follow / not-follow counts of each token's predecessor rule, split by position bucket (0-31, 32-63, 64-127);
-  (2) the next-token category: next cycle token / other cycle token / non-cycle token, split by whether the
-      previous token was a cycle token.
-A lossy verify (e.g. greedy acceptance of draft tokens at T > 0) raises the follow rate; both tests catch it.
+Usage: python bench/e2e/chisq.py RAW_DIR_OR_TGZ AGREE_TARGET_DIR OUT_JSON
+
+The agree target (bench/e2e/mk_agree.py) is exactly first order: o_proj and down_proj are zero, so the logits at
+every step are W_lm . rmsnorm(E[previous token]) and the next-token law p(. | prev) is known in closed form from the
+weights. For every generated token of the `sample-T` workload (64 requests x 128 tokens at T=2.5, prompts rebuilt
+from their seeds) we add p(. | prev) into expected counts over 6 categories: the cycle successor of prev, another
+cycle token, and the other tokens split by id % 4. A Pearson goodness-of-fit test per configuration (dof 5) then
+asks whether the sampled tokens follow the target's law; AR is the control. A lossy verify (e.g. accepting draft
+tokens that the target would not have sampled) shifts mass to the drafter's favourites and fails the test.
+Also reported: a two-sample chi-square of the successor rate by position bucket against AR.
 """
 from __future__ import annotations
 
@@ -17,71 +19,103 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from scipy.stats import chi2_contingency
+import torch
+from safetensors.torch import load_file
+from scipy.stats import chi2, chi2_contingency
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_driver import prompts  # noqa: E402
 
 CYCLE = [100, 101, 102, 103]
 NEXT = {CYCLE[i]: CYCLE[(i + 1) % 4] for i in range(4)}
 
 
-def load(src: Path) -> dict:
+def load_results(src: Path) -> dict:
     if src.is_file():
         td = Path(tempfile.mkdtemp())
         with tarfile.open(src) as t:
             t.extractall(td)
         src = td
-    return {json.loads(f.read_text())["config"]["name"]: json.loads(f.read_text()) for f in src.glob("*.json")
-            if "config" in json.loads(f.read_text())}
+    out = {}
+    for f in src.glob("*.json"):
+        d = json.loads(f.read_text())
+        if "config" in d:
+            out[d["config"]["name"]] = d
+    return out
 
 
-def tables(outs: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
-    follow = [[0, 0] for _ in range(3)]  # per position bucket: [follow, not]
-    cat = [[0, 0, 0], [0, 0, 0]]  # prev is cycle / not: [next-cycle, other-cycle, non-cycle]
-    for o in outs:
-        for i in range(1, len(o)):
-            prev, cur = o[i - 1], o[i]
-            want = NEXT.get(prev, CYCLE[0])
-            b = 0 if i < 32 else 1 if i < 64 else 2
-            follow[b][0 if cur == want else 1] += 1
-            c = 0 if cur == want else 1 if cur in NEXT else 2
-            cat[0 if prev in NEXT else 1][c] += 1
-    return follow, cat
+def target_law(model_dir: Path, temperature: float) -> torch.Tensor:
+    """p[prev, next] of the first-order agree target (weights as served, bf16, computed in fp32)."""
+    sd = load_file(str(model_dir / "model.safetensors"))
+    cfg = json.loads((model_dir / "config.json").read_text())
+    E = sd["model.embed_tokens.weight"].float()
+    W = sd["lm_head.weight"].float()
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    g = sd["model.norm.weight"].float()
+    h = E * torch.rsqrt(E.pow(2).mean(-1, keepdim=True) + eps) * g
+    h = h.to(torch.bfloat16).float()  # the served model keeps hidden states in bf16
+    logits = (h @ W.T).to(torch.bfloat16).float()
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def category(prev: int, tok: torch.Tensor) -> torch.Tensor:
+    want = NEXT.get(prev, CYCLE[0])
+    c = 2 + torch.remainder(tok, 4)
+    is_cycle = torch.zeros_like(tok, dtype=torch.bool)
+    for t in CYCLE:
+        is_cycle |= tok == t
+    c = torch.where(is_cycle, torch.ones_like(c), c)
+    return torch.where(tok == want, torch.zeros_like(c), c)
 
 
 def main() -> int:
-    rs = load(Path(sys.argv[1]))
-    base = rs["agree-ar"]["workloads"]["sample-T"]["output_ids"]
-    fb, cb = tables(base)
-    out = {"temperature": rs["agree-ar"]["workloads"]["sample-T"]["temperature"], "baseline": "agree-ar",
-           "baseline_tables": {"follow_by_position": fb, "category_by_prev": cb}, "tests": {}}
-    for name, d in sorted(rs.items()):
-        if name == "agree-ar" or "sample-T" not in d.get("workloads", {}):
+    rs = load_results(Path(sys.argv[1]))
+    law = target_law(Path(sys.argv[2]), rs["agree-ar"]["workloads"]["sample-T"]["temperature"])
+    V = law.shape[1]
+    cat_of = torch.stack([category(p, torch.arange(V)) for p in range(V)])  # [prev, tok] -> category
+    exp_by_prev = torch.zeros(V, 6, dtype=torch.float64)
+    for c in range(6):
+        exp_by_prev[:, c] = (law.double() * (cat_of == c)).sum(1)
+    out = {"temperature": rs["agree-ar"]["workloads"]["sample-T"]["temperature"],
+           "categories": ["cycle successor", "other cycle token", "id%4==0", "id%4==1", "id%4==2", "id%4==3"],
+           "tests": {}}
+    base_follow = None
+    for name in sorted(rs, key=lambda n: (n != "agree-ar", n)):
+        w = rs[name].get("workloads", {}).get("sample-T")
+        if not w:
             continue
-        w = d["workloads"]["sample-T"]
-        f, c = tables(w["output_ids"])
-        res = {"tokens": sum(len(o) for o in w["output_ids"]), "follow_by_position": f, "category_by_prev": c}
-        for key, a, b in (("follow", f, fb), ("category_prev_cycle", [c[0]], [cb[0]]),
-                          ("category_prev_other", [c[1]], [cb[1]])):
-            rows = [r for r in a] + [r for r in b]
-            cols = [j for j in range(len(rows[0])) if sum(r[j] for r in rows) > 0]
-            rows = [[r[j] for j in cols] for r in rows]
-            if key == "follow":
-                # 2 (config) x 2 (follow) per position bucket, pooled as a 2 x 6 table
-                rows = [sum(a, []), sum(b, [])]
-            chi2, p, dof, _ = chi2_contingency(rows)
-            res[key] = {"chi2": round(float(chi2), 3), "dof": int(dof), "p": round(float(p), 4)}
-        total_f = sum(r[0] for r in f) / max(1, sum(sum(r) for r in f))
-        total_b = sum(r[0] for r in fb) / max(1, sum(sum(r) for r in fb))
-        res["follow_rate"] = round(total_f, 4)
-        res["baseline_follow_rate"] = round(total_b, 4)
+        ps = sum((prompts(16, seed=s) for s in w["prompts_seeds"]), [])
+        obs = torch.zeros(6, dtype=torch.float64)
+        exp = torch.zeros(6, dtype=torch.float64)
+        follow = [[0, 0] for _ in range(3)]
+        for p, o in zip(ps, w["output_ids"]):
+            seq = [p[-1]] + o
+            for i in range(1, len(seq)):
+                prev, cur = seq[i - 1], seq[i]
+                c = int(cat_of[prev, cur])
+                obs[c] += 1
+                exp += exp_by_prev[prev]
+                b = 0 if i <= 32 else 1 if i <= 64 else 2
+                follow[b][0 if c == 0 else 1] += 1
+        stat = float(((obs - exp) ** 2 / exp).sum())
+        r = {"tokens": int(obs.sum()), "observed": obs.tolist(), "expected": [round(x, 1) for x in exp.tolist()],
+             "gof_chi2": round(stat, 3), "gof_dof": 5, "gof_p": round(float(chi2.sf(stat, 5)), 4),
+             "successor_rate": round(float(obs[0] / obs.sum()), 4),
+             "successor_rate_expected": round(float(exp[0] / exp.sum()), 4), "follow_by_position": follow}
+        if name == "agree-ar":
+            base_follow = follow
+        elif base_follow is not None:
+            c2, p2, dof, _ = chi2_contingency([sum(follow, []), sum(base_follow, [])])
+            r["vs_ar_two_sample"] = {"chi2": round(float(c2), 3), "dof": int(dof), "p": round(float(p2), 4)}
         v = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
         a = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
-        res["accepted_per_round"] = round(a / v, 4) if v else None
-        out["tests"][name] = res
-    Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
+        r["accepted_per_round"] = round(a / v, 4) if v else None
+        out["tests"][name] = r
+    Path(sys.argv[3]).write_text(json.dumps(out, indent=1))
     for n, r in out["tests"].items():
-        print(n, "follow", r["follow_rate"], "vs AR", r["baseline_follow_rate"], "p(follow)", r["follow"]["p"],
-              "p(cat|cycle)", r["category_prev_cycle"]["p"], "p(cat|other)", r["category_prev_other"]["p"],
-              "acc/round", r["accepted_per_round"])
+        print(f"{n:24s} tokens {r['tokens']} successor {r['successor_rate']} (law {r['successor_rate_expected']}) "
+              f"GOF chi2 {r['gof_chi2']} p {r['gof_p']}  two-sample p {r.get('vs_ar_two_sample', {}).get('p')} "
+              f"acc/round {r['accepted_per_round']}")
     return 0
 
 
