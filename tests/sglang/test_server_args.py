@@ -63,6 +63,7 @@ SCRIPT = textwrap.dedent('''
     case("num_draft_tokens", speculative_ddtree_budget=15, speculative_num_draft_tokens=8)
     case("window", speculative_ddtree_budget=15, speculative_dflash_draft_window_size=64)
     case("eagle", speculative_ddtree_budget=15, speculative_algorithm="EAGLE")
+    case("block64", speculative_ddtree_budget=15, speculative_dflash_block_size=64)
     print("RESULT" + json.dumps(out))
 ''')
 
@@ -129,6 +130,7 @@ def test_verify_width_is_budget_plus_one_independent_of_block(resolved, case, bu
     ("num_draft_tokens", "do not pass --speculative-num-draft-tokens"),
     ("window", "--speculative-dflash-draft-window-size"),
     ("eagle", "requires --speculative-algorithm DFLASH"),
+    ("block64", "block size <= 32"),
 ])
 def test_bad_combinations_are_rejected_clearly(resolved, case, needle):
     r = resolved[case]
