@@ -88,7 +88,7 @@ def main() -> int:
         obs = torch.zeros(6, dtype=torch.float64)
         exp = torch.zeros(6, dtype=torch.float64)
         follow = [[0, 0] for _ in range(3)]
-        for p, o in zip(ps, w["output_ids"]):
+        for p, o in zip(ps, w["output_ids"], strict=True):
             seq = [p[-1]] + o
             for i in range(1, len(seq)):
                 prev, cur = seq[i - 1], seq[i]

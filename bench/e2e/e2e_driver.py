@@ -226,10 +226,10 @@ def report(outdir: Path, result: Path) -> dict:
             if wl.startswith("speed") or wl.startswith("sample") or wl not in base["workloads"]:
                 continue
             a, b = w["output_ids"], base["workloads"][wl]["output_ids"]
-            same = [x == y for x, y in zip(a, b)]
+            same = [x == y for x, y in zip(a, b, strict=False)]
             first_div = []
-            for x, y in zip(a, b):
-                k = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
+            for x, y in zip(a, b, strict=False):
+                k = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
                 if k is None and len(x) != len(y):
                     k = min(len(x), len(y))
                 first_div.append(k)

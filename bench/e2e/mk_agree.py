@@ -34,11 +34,11 @@ for f in os.listdir(src_tok):
         shutil.copy(os.path.join(src_tok, f), tgt)
         shutil.copy(os.path.join(src_tok, f), drf)
 torch.manual_seed(1)
-V, H, I, L_T = 512, 64, 128, 4
+V, H, INTER, L_T = 512, 64, 128, 4
 CYCLE = [100, 101, 102, 103]
 MASK_ID = json.load(open(os.path.join(basedir, "tiny-dflash", "config.json")))["dflash_config"]["mask_token_id"]
 EOS = 0
-cfg = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L_T, num_attention_heads=4,
+cfg = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=L_T, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False,
                   eos_token_id=EOS, bos_token_id=EOS, torch_dtype="bfloat16")
 model = Qwen3ForCausalLM(cfg)
@@ -73,13 +73,23 @@ d.update(architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["
                                        "mask_token_id": MASK_ID})
 json.dump(d, open(os.path.join(drf, "config.json"), "w"), indent=1)
 Dh, nq, nkv, K = 16, 4, 2, 2
-r = lambda *s: (torch.randn(*s) * 0.02).to(torch.bfloat16)
-z = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)
-one = lambda n: torch.ones(n, dtype=torch.bfloat16)
+def r(*s):
+    return (torch.randn(*s) * 0.02).to(torch.bfloat16)
+
+
+def z(*s):
+    return torch.zeros(*s, dtype=torch.bfloat16)
+
+
+def one(n):
+    return torch.ones(n, dtype=torch.bfloat16)
+
+
+
 w = {"layers.0.self_attn.q_proj.weight": r(nq * Dh, H), "layers.0.self_attn.k_proj.weight": r(nkv * Dh, H),
      "layers.0.self_attn.v_proj.weight": r(nkv * Dh, H), "layers.0.self_attn.o_proj.weight": z(H, nq * Dh),
      "layers.0.self_attn.q_norm.weight": one(Dh), "layers.0.self_attn.k_norm.weight": one(Dh),
-     "layers.0.mlp.gate_proj.weight": r(I, H), "layers.0.mlp.up_proj.weight": r(I, H), "layers.0.mlp.down_proj.weight": z(H, I),
+     "layers.0.mlp.gate_proj.weight": r(INTER, H), "layers.0.mlp.up_proj.weight": r(INTER, H), "layers.0.mlp.down_proj.weight": z(H, INTER),
      "layers.0.input_layernorm.weight": one(H), "layers.0.post_attention_layernorm.weight": one(H),
      "norm.weight": one(H), "fc.weight": r(H, K * H), "hidden_norm.weight": one(H)}
 save_file(w, os.path.join(drf, "model.safetensors"), metadata={"format": "pt"})

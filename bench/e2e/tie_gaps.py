@@ -42,8 +42,8 @@ def main() -> int:
         for wl, w in rs[name]["workloads"].items():
             if not wl.startswith("greedy"):
                 continue
-            for i, (a, b) in enumerate(zip(w["output_ids"], ar[wl]["output_ids"])):
-                k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            for i, (a, b) in enumerate(zip(w["output_ids"], ar[wl]["output_ids"], strict=True)):
+                k = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
                 if k is None:
                     continue
                 with torch.no_grad():
