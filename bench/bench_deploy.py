@@ -130,11 +130,24 @@ def _deploy_one(h: Host):
     return deploy_overlay(h, overlay(), record_baseline=False)
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds spent by everything on this machine so far (/proc/stat), to show how shared the box was."""
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_idle_load(seconds: float = 3.0) -> float:
+    """Busy cores while this benchmark does nothing: other work on the shared box."""
+    b, t = busy_cpu_seconds(), time.perf_counter()
+    time.sleep(seconds)
+    return round((busy_cpu_seconds() - b) / (time.perf_counter() - t), 2)
+
+
 def bench_fleet(hosts: list[Host], rounds: int) -> dict[str, Any]:
     copies = [standin_host(h, "bench-fleet") for h in hosts]
     for h in copies:
         install_standin(h)
-    single, fleet, no_canary, per_host = [], [], [], []
+    single, fleet, no_canary, per_host, busy = [], [], [], [], []
     try:
         for _ in range(rounds):
             for h in copies:
@@ -152,9 +165,10 @@ def bench_fleet(hosts: list[Host], rounds: int) -> dict[str, Any]:
             per_host.append([round(sum(x.timings.values()), 3) for x in res.reports])
             for h in copies:
                 remove_root(h)
-            t = time.perf_counter()
+            t, b = time.perf_counter(), busy_cpu_seconds()
             res = rollout(copies, _deploy_one, max_parallel=len(copies), max_fail=0, canary=False)
             no_canary.append(time.perf_counter() - t)
+            busy.append((busy_cpu_seconds() - b) / no_canary[-1])
             assert res.exit_code == 0, [x.message for x in res.reports]
     finally:
         for h in copies:
@@ -162,7 +176,8 @@ def bench_fleet(hosts: list[Host], rounds: int) -> dict[str, Any]:
     ratio = [f / s for f, s in zip(fleet, single)]
     ratio_nc = [f / s for f, s in zip(no_canary, single)]
     return {"hosts": len(copies), "one_host": stats(single), "fleet": stats(fleet), "ratio": stats(ratio),
-            "fleet_no_canary": stats(no_canary), "ratio_no_canary": stats(ratio_nc), "fleet_host_seconds": per_host}
+            "fleet_no_canary": stats(no_canary), "ratio_no_canary": stats(ratio_nc), "fleet_host_seconds": per_host,
+            "busy_cores_during_parallel_fleet": stats(busy)}
 
 
 def write_results(doc: dict[str, Any]) -> None:
@@ -199,11 +214,14 @@ def write_results(doc: dict[str, Any]) -> None:
         "",
         "Reading the fleet rows: with a canary, the other hosts start only after one full deploy, so `canary + rest`",
         "is at least 2x one host even with perfect parallelism; the no-canary row shows how well the hosts overlap.",
-        "A deploy is about 8 SSH commands (lock, push+switch, overlay check, restart, start-up+generation, finish,",
-        "plus connect); on this box every SSH command also runs root's login shell rc"
-        + (", which evaluates `pyenv init` (about 0.1 s of CPU each)" if rt["login_shell_sources_pyenv"] else "")
-        + ", and 8 hosts share 2 CPUs with their sshds, remote Pythons and servers,",
-        "so the parallel part is CPU-bound here rather than latency-bound as it would be against real hosts.",
+        "A deploy is 7 SSH commands plus the connection (lock, push+switch, overlay check, restart,",
+        "start-up+generation, finish); the 8 sandbox hosts are processes on this one 2-CPU machine, so their sshds,",
+        "remote Pythons and servers compete for the same 2 CPUs, together with other work on the box: "
+        f"{doc['idle_busy_cores']} cores were busy while this benchmark slept, and "
+        f"{fl['busy_cores_during_parallel_fleet']['median']} during the parallel fleet (of 2).",
+        "The parallel part is CPU-bound here; against real hosts, where each host has its own CPUs, it is bound by",
+        "network round trips and overlaps."
+        + (" (Every SSH command here also sourced root's .bashrc, which runs `pyenv init`.)" if rt["login_shell_sources_pyenv"] else ""),
     ]
     (out / "deploy-sandbox.md").write_text("\n".join(lines) + "\n")
 
@@ -228,6 +246,7 @@ def main() -> int:
         hosts = [h for _, h in sorted(load_inventory(tmp / "hosts").items())]
         doc: dict[str, Any] = {"measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
                                "machine": platform.machine(), "python": platform.python_version(), "sglang": BASE}
+        doc["idle_busy_cores"] = bench_idle_load()
         doc["round_trip"] = bench_round_trip(hosts[0], args.rounds * 2)
         print("push + switch ...", file=sys.stderr)
         doc["push_switch"] = bench_push_switch(hosts[0], args.rounds)

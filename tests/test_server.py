@@ -99,3 +99,36 @@ def test_managed_server_lifecycle(sandbox):
             assert ctl.stop() == {"was_running": False}
     finally:
         remove_root(host)
+
+
+@pytest.mark.sandbox
+def test_server_commands(sandbox, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from standin.helpers import write_host_yaml
+
+    host = standin_host(sandbox.base, "t-srv-cli")
+    install_standin(host)
+    write_host_yaml(host, tmp_path / "hosts")
+    env = {**os.environ, "DDTREE_INVENTORY": str(tmp_path / "hosts"), "COLUMNS": "200"}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "ddtree_deploy", "server", *args, host.name], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    try:
+        assert cli("status").returncode == 1  # not running: a script can tell
+        assert cli("start").returncode == 0
+        status = json.loads(cli("status", "--json").stdout)
+        assert status["running"] and status["active_release"] is None and status["release"] is None
+        logs = cli("logs")
+        assert logs.returncode == 0 and "speculative False" in logs.stdout  # no overlay active: DDTree flags off
+        assert cli("restart").returncode == 0
+        assert json.loads(cli("status", "--json").stdout)["pid"] != status["pid"]
+        assert cli("stop").returncode == 0
+        assert json.loads(cli("status", "--json").stdout)["running"] is False
+    finally:
+        remove_root(host)
