@@ -173,8 +173,8 @@ def bench_fleet(hosts: list[Host], rounds: int) -> dict[str, Any]:
     finally:
         for h in copies:
             remove_root(h)
-    ratio = [f / s for f, s in zip(fleet, single)]
-    ratio_nc = [f / s for f, s in zip(no_canary, single)]
+    ratio = [f / s for f, s in zip(fleet, single, strict=True)]
+    ratio_nc = [f / s for f, s in zip(no_canary, single, strict=True)]
     return {"hosts": len(copies), "one_host": stats(single), "fleet": stats(fleet), "ratio": stats(ratio),
             "fleet_no_canary": stats(no_canary), "ratio_no_canary": stats(ratio_nc), "fleet_host_seconds": per_host,
             "busy_cores_during_parallel_fleet": stats(busy)}

@@ -262,11 +262,11 @@ class Prober:
                                 "per_prompt": [{"prompt": r["prompt"], "tokens": len(r.get("output_ids") or []),
                                                 "spec_accept_length": r.get("spec_accept_length"), "seconds": r.get("seconds")}
                                                for r in replies]}
-        for got, want in zip(replies, baseline["outputs"]):
+        for got, want in zip(replies, baseline["outputs"], strict=False):
             key = "output_ids" if got.get("output_ids") is not None and want.get("output_ids") is not None else "text"
             a, b = got.get(key), want.get(key)
             if a != b:
-                idx = next((i for i, (x, y) in enumerate(zip(a or [], b or [])) if x != y), min(len(a or []), len(b or [])))
+                idx = next((i for i, (x, y) in enumerate(zip(a or [], b or [], strict=False)) if x != y), min(len(a or []), len(b or [])))
                 return Stage("generation", "fail", time.monotonic() - t0,
                              f"prompt {got['prompt']!r}: output differs from the baseline at {('token' if key == 'output_ids' else 'character')} "
                              f"{idx} (got {_snip(a, idx)}, baseline {_snip(b, idx)})", data)

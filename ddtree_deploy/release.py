@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import DeployError, OperationFailed, RemoteError
+from .errors import DeployError, OperationFailed
 from .inventory import Host
 from .overlay import Overlay
 from .remote import RESULT_MARKER, program_for

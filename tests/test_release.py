@@ -72,7 +72,7 @@ def _push_switch_rollback(conn: HostConnection, host) -> None:
         assert flags == "3"  # PEP 552: hash-based, checked
         record = json.loads(conn.run(f"cat {rel}/RELEASE.json").text())
         assert record["overlay_digest"] == ov.digest and record["patchset"] == "ddtree-test"
-        assert record["overlay"][f"sglang/version.py"]["sha256"] == dict((f.path, f.sha256) for f in ov.files)["sglang/version.py"]
+        assert record["overlay"]["sglang/version.py"]["sha256"] == dict((f.path, f.sha256) for f in ov.files)["sglang/version.py"]
         # the server's environment imports the release; importlib.metadata still answers from its dist-info
         env = f"PYTHONPATH={host.release_root}/current"
         origin = _py(conn, "import importlib.util,os;print(os.path.realpath(importlib.util.find_spec('sglang').origin))", env)

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (Failure, _json and _sys come from _frame.py, which is glued in front of this program)
 # Probe stages that must run on the host: what the server's Python imports, the kernel self-test on the host
 # GPU, start-up watching (pid + log + /health polled every ~100 ms in ONE call, so a dead server is seen at
 # once and not after an SSH round trip per poll), and the fixed generation prompts. Stdlib only.
@@ -7,11 +8,8 @@ import subprocess
 import threading
 import time
 
-try:
-    from urllib import request as _request
-    from urllib.error import HTTPError as _HTTPError, URLError as _URLError
-except ImportError:  # pragma: no cover
-    raise
+from urllib import request as _request
+from urllib.error import HTTPError as _HTTPError
 
 TRACEBACK = b"Traceback (most recent call last)"
 
@@ -67,7 +65,7 @@ def _run_inspect(root, env, runtime_subdir, load, mode, timeout, expect="/"):
                               env=_env(root, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                               cwd=root if os.path.isdir(root) else "/")
     except subprocess.TimeoutExpired:
-        raise Failure("the server's Python did not finish the %s check within %.0f s" % (mode, timeout), "timeout")
+        raise Failure("the server's Python did not finish the %s check within %.0f s" % (mode, timeout), "timeout") from None
     text = proc.stdout.decode("utf-8", "replace")
     if "@@PROBE@@" not in text:
         raise Failure("the server's Python failed the %s check (exit %d): %s"
@@ -271,13 +269,13 @@ def _generate(url, prompts, max_new_tokens, budget):
         try:
             code, raw = _http(url.rstrip("/") + "/generate", remaining, data=body)
         except Exception as exc:
-            raise Failure("POST /generate for prompt %r failed: %s" % (prompt, getattr(exc, "reason", exc)), "http")
+            raise Failure("POST /generate for prompt %r failed: %s" % (prompt, getattr(exc, "reason", exc)), "http") from None
         if code != 200:
             raise Failure("POST /generate for prompt %r answered HTTP %d: %s" % (prompt, code, raw[:500].decode("utf-8", "replace")), "http")
         try:
             reply = _json.loads(raw.decode("utf-8", "replace"))
         except ValueError:
-            raise Failure("POST /generate for prompt %r returned non-JSON: %r" % (prompt, raw[:200]), "http")
+            raise Failure("POST /generate for prompt %r returned non-JSON: %r" % (prompt, raw[:200]), "http") from None
         meta = reply.get("meta_info") or {}
         results.append({"prompt": prompt, "output_ids": reply.get("output_ids"), "text": reply.get("text"),
                         "spec_accept_length": meta.get("spec_accept_length"), "completion_tokens": meta.get("completion_tokens"),

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (Failure, _json and _sys come from _frame.py, which is glued in front of this program)
 # Release operations on the host: build a release from a staged overlay, switch `current`, keep state, lock.
 # Stdlib only; runs under the host's own Python (the one SGLang runs under), so byte-compiling here uses the
 # exact interpreter and magic number the server will use.
@@ -54,7 +55,7 @@ def _load_state(root):
     except FileNotFoundError:
         state = {}
     except ValueError as exc:
-        raise Failure("%s is not valid JSON (%s); fix or remove it by hand" % (path, exc), "state")
+        raise Failure("%s is not valid JSON (%s); fix or remove it by hand" % (path, exc), "state") from None
     state.setdefault("version", STATE_VERSION)
     state.setdefault("releases", [])
     state.setdefault("active", None)
@@ -98,7 +99,7 @@ def _ensure_root(root):
         os.makedirs(os.path.join(root, "releases"), exist_ok=True)
         os.makedirs(os.path.join(root, "base"), exist_ok=True)
     except OSError as exc:
-        raise Failure("cannot create release root %s: %s" % (root, exc.strerror), "root")
+        raise Failure("cannot create release root %s: %s" % (root, exc.strerror), "root") from None
 
 
 def _disk_failure(root, exc, what):
@@ -137,9 +138,15 @@ def lock(root, owner, break_lock=False):
         _write_atomic(path, data)
         _journal(root, "lock-broken", run=owner.get("run_id"), previous=broken)
         return {"acquired": True, "broken": broken, "state": _load_state(root), "has_baseline": _has_baseline(root)}
+    # write the record under a private name, then hard-link it to `lock`: link() fails if `lock` exists, so taking
+    # the lock and its content appear at once (a rival never reads a half-written lock)
+    tmp = "%s.%d.%s" % (path, os.getpid(), owner.get("run_id", ""))
+    with open(tmp, "wb") as fh:
+        fh.write(data)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.link(tmp, path)
     except FileExistsError:
+        os.unlink(tmp)
         try:
             with open(path) as fh:
                 holder = _json.load(fh)
@@ -147,10 +154,7 @@ def lock(root, owner, break_lock=False):
             holder = {"unreadable": True}
         rebooted = bool(holder.get("host_boot_id")) and holder.get("host_boot_id") != _boot_id()
         return {"acquired": False, "holder": holder, "host_rebooted": rebooted}
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    os.unlink(tmp)
     return {"acquired": True, "broken": None, "state": _load_state(root), "has_baseline": _has_baseline(root)}
 
 
@@ -181,7 +185,7 @@ def _sha256(path):
 
 def _link_tree(src, dst, mode):
     """Copy ``src`` to ``dst`` as hard links (``mode`` "hardlink"), falling back to real copies across devices."""
-    for dirpath, dirnames, filenames in os.walk(src):
+    for dirpath, _dirnames, filenames in os.walk(src):
         rel = os.path.relpath(dirpath, src)
         target_dir = dst if rel == "." else os.path.join(dst, rel)
         os.makedirs(target_dir, exist_ok=True)
@@ -272,7 +276,7 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
             except py_compile.PyCompileError as exc:
                 rel = os.path.relpath(dest, partial)
                 raise Failure("overlay file %s does not compile under %s: %s"
-                              % (rel, _sys.executable, exc.msg.strip().splitlines()[-1]), "syntax")
+                              % (rel, _sys.executable, exc.msg.strip().splitlines()[-1]), "syntax") from None
         record = dict(meta)
         record.update({
             "id": release_id, "created": _now(), "package": package, "installed_from": installed,
@@ -286,7 +290,7 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
         raise
     except OSError as exc:
         shutil.rmtree(partial, ignore_errors=True)
-        raise _disk_failure(root, exc, "building release %s" % release_id)
+        raise _disk_failure(root, exc, "building release %s" % release_id) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     state = _load_state(root)
@@ -351,7 +355,7 @@ def switch(root, release_id, run_id=None, reason="deploy", mark_bad=None, note="
     except OSError as exc:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-        raise _disk_failure(root, exc, "switching current")
+        raise _disk_failure(root, exc, "switching current") from None
     if previous != release_id:
         # "previous good" is what we go back to when this release fails its probe: the release we leave if it
         # was good (or the installed package), else whatever was previous good before it.

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (Failure, _json and _sys come from _frame.py, which is glued in front of this program)
 # Server lifecycle on the host: a managed process (setsid, pid file, log under the release root) or a systemd
 # unit with a drop-in. Stdlib only. The pid file records the process start time too, so a recycled pid is never
 # mistaken for our server and never signalled.
@@ -77,7 +78,7 @@ def start(root, command, env, release=None):
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     except OSError as exc:
-        raise Failure("cannot start the server: %s" % exc, "start")
+        raise Failure("cannot start the server: %s" % exc, "start") from None
     finally:
         log.close()
     ticks = None
