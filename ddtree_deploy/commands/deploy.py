@@ -64,7 +64,10 @@ def print_recap(reports: list[ApplyReport], skipped: list[str]) -> None:
     rows = []
     for r in reports:
         stage = r.probe.failed_stage.name if r.probe and r.probe.failed_stage else ""
-        rows.append([r.host, r.status, r.release or "", r.rolled_back_to or "" if r.status != "ok" else "", stage,
+        back = ""
+        if r.status in ("rolled-back", "rollback-failed"):
+            back = r.rolled_back_to or "installed package"
+        rows.append([r.host, r.status, r.release or "", back, stage,
                      f"{sum(r.timings.values()):.1f}", r.message[:90]])
     rows += [[name, "skipped", "", "", "", "", "not started"] for name in skipped]
     out.print(table("recap", ["host", "status", "release", "rolled back to", "failed stage", "seconds", "message"], rows))
