@@ -119,3 +119,35 @@ def test_cli_probe_json_and_table(host, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "generation" in proc.stdout and "FAIL" in proc.stdout and "re-record" in proc.stdout
+
+
+def test_kernel_selftest_runs_the_real_runtime_from_the_release(sandbox):
+    """The self-test stage's remote path, with the DDTree runtime this repository vendors, loaded from a release by
+    file path under the server's environment. The sandbox has no GPU, so the stage itself skips; here the same
+    remote op is asked for device "cpu" to prove the plumbing and the runtime's own checks."""
+    from pathlib import Path
+
+    from ddtree_deploy.overlay import Overlay
+    from ddtree_deploy.probe import RUNTIME_SUBDIR
+    from ddtree_deploy.release import ReleaseManager
+
+    runtime = Path(__file__).resolve().parent.parent / "patches" / "ddtree" / "runtime"
+    files = tuple(OverlayFile(f"sglang/{RUNTIME_SUBDIR}/{p.name}", p.read_bytes(), action="add")
+                  for p in sorted(runtime.glob("*.py")))
+    ov = Overlay("sglang", "ddtree-runtime-only", "test", "0.5.11", "", files)
+    h = standin_host(sandbox.base, "t-probe-selftest")
+    try:
+        with HostConnection(h) as conn:
+            rel = ReleaseManager(conn).push(ov, switch=True)
+            assert rel.switched["to"] == rel.release_id
+            got = conn.call("probe", "selftest", root=h.release_root, env={}, runtime_subdir=RUNTIME_SUBDIR,
+                            budget=120.0, device="cpu", timeout=180)
+            staged = Prober(conn).run(rel.release_id)
+        assert got["runtime_file"].startswith(f"{h.release_root}/releases/{rel.release_id}/sglang/")
+        result = got["selftest"]
+        assert result["ok"] is True and result["device"] == "cpu", result
+        assert result["checks"] and all(result["checks"].values())
+        stage = next(s for s in staged.stages if s.name == "selftest")
+        assert stage.status == "skip" and "no GPU" in stage.detail
+    finally:
+        remove_root(h)

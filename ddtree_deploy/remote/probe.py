@@ -42,7 +42,7 @@ else:
                 if fn is None:
                     out["selftest"] = {"ok": False, "error": "runtime has no self_test()"}
                 else:
-                    out["selftest"] = json.loads(json.dumps(fn("cuda"), default=str))
+                    out["selftest"] = json.loads(json.dumps(fn(sys.argv[5]), default=str))
         except BaseException:
             out["import_error"] = traceback.format_exc()[-3000:]
 print("@@PROBE@@" + json.dumps(out))
@@ -58,10 +58,10 @@ def _env(root, env):
     return full
 
 
-def _run_inspect(root, env, runtime_subdir, load, mode, timeout, expect="/"):
+def _run_inspect(root, env, runtime_subdir, load, mode, timeout, expect="/", device="cuda"):
     t0 = time.time()
     try:
-        proc = subprocess.run([_sys.executable, "-c", _INSPECT, runtime_subdir, "1" if load else "0", mode, expect],
+        proc = subprocess.run([_sys.executable, "-c", _INSPECT, runtime_subdir, "1" if load else "0", mode, expect, device],
                               env=_env(root, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                               cwd=root if os.path.isdir(root) else "/")
     except subprocess.TimeoutExpired:
@@ -98,9 +98,9 @@ def gpu():
     return {"present": True, "gpus": lines}
 
 
-def selftest(root, env, runtime_subdir, budget=120.0):
+def selftest(root, env, runtime_subdir, budget=120.0, device="cuda"):
     """Call the runtime's self_test("cuda") under the server's Python and environment."""
-    return _run_inspect(root, env, runtime_subdir, True, "selftest", budget)
+    return _run_inspect(root, env, runtime_subdir, True, "selftest", budget, device=device)
 
 
 # -- start-up ------------------------------------------------------------------------------------------------------------
