@@ -9,13 +9,16 @@ install: $(STAMP)
 
 # System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark) and the project with its extras.
 # torch is pinned to the CPU build this machine carries; triton 3.6.0 matches the H200 image (interpreted on CPU).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt
 	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync git >/dev/null; \
 	  else echo "need openssh-server, rsync and git (run as root or install them)"; exit 1; fi; fi
 	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,kernels]"
+	@# what `import sglang.srt.server_args` (0.5.11) needs for the patch set's CPU tests; no deps, so no CUDA torch
+	$(PY) -m pip install -q --disable-pip-version-check click pydantic requests orjson jsonschema jinja2 ipython
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r tests/sglang/requirements-cpu.txt
 	@mkdir -p .cache && touch $(STAMP)
 
 deps: install
