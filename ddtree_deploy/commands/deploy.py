@@ -103,7 +103,9 @@ def apply_cmd(
     """Deploy the DDTree overlay: patch set → ABI check → lock → push → switch → restart → probe → roll back on failure.
 
     Several hosts: the first is the canary; the rest follow in parallel (--max-parallel) until more than --max-fail
-    have failed. Exit 0 all healthy, 1 a probe failed (rolled back), 2 bad input, 3 unreachable, 4 ABI, 5 patch.
+    have failed. A host with no generation baseline gets one first (server restarted with DDTree off, the fixed
+    prompts recorded in <release_root>/probe-baseline.json). Exit 0 all healthy, 1 a probe failed (rolled back),
+    2 bad input, 3 unreachable, 4 ABI, 5 patch.
     """
     selected = _select_hosts(hosts, all_hosts, retry_failed, retry_file, inventory)
 
