@@ -307,4 +307,4 @@ def releases(host: Host, journal_lines: int = 10) -> dict[str, Any]:
         return ReleaseManager(conn).show(journal_lines)
 
 
-__all__ = ["ApplyReport", "Plan", "apply", "deploy_overlay", "plan", "probe", "releases", "rollback", "DeployError"]
+__all__ = ["ApplyReport", "Plan", "apply", "deploy_overlay", "plan", "probe", "releases", "rollback"]

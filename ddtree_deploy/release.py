@@ -310,5 +310,3 @@ def rollback_target(state: dict[str, Any], failed: str | None) -> str | None:
             return rel["id"]
     return None
 
-
-ProgressFn = Callable[[str], None]
