@@ -49,20 +49,11 @@ print("@@PROBE@@" + json.dumps(out))
 '''
 
 
-def _env(root, env):
-    full = dict(os.environ)
-    full.update({k: str(v) for k, v in (env or {}).items()})
-    current = os.path.join(root, "current")
-    rest = full.get("PYTHONPATH", "")
-    full["PYTHONPATH"] = current + (os.pathsep + rest if rest else "")
-    return full
-
-
 def _run_inspect(root, env, runtime_subdir, load, mode, timeout, expect="/", device="cuda"):
     t0 = time.time()
     try:
         proc = subprocess.run([_sys.executable, "-c", _INSPECT, runtime_subdir, "1" if load else "0", mode, expect, device],
-                              env=_env(root, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                              env=server_env(root, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                               cwd=root if os.path.isdir(root) else "/")
     except subprocess.TimeoutExpired:
         raise Failure("the server's Python did not finish the %s check within %.0f s" % (mode, timeout), "timeout") from None

@@ -52,16 +52,6 @@ def _tail(path, lines, offset=0):
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
-def server_env(root, env):
-    """The environment the server runs with: ours, the host file's `env`, and PYTHONPATH=<root>/current first."""
-    full = dict(os.environ)
-    full.update({k: str(v) for k, v in (env or {}).items()})
-    current = os.path.join(root, "current")
-    rest = full.get("PYTHONPATH", "")
-    full["PYTHONPATH"] = current + (os.pathsep + rest if rest else "")
-    return full
-
-
 def start(root, command, env, release=None):
     """Start ``command`` in its own session with the server environment; stdout+stderr go to the log."""
     d, pid_file, log_file = _paths(root)
