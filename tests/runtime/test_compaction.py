@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import needs_triton
+from rt_env import needs_triton
 from rt_helpers import plant_targets, random_logits
 
 

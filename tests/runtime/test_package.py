@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import RUNTIME_DIR, load_runtime
+from rt_env import RUNTIME_DIR, load_runtime
 
 EXPORTS = {"draft_topk", "build_tree", "DraftTree", "build_verify_inputs", "VerifyInputs", "sample_target_tokens",
            "accept_walk", "WalkResult", "kv_compaction", "self_test", "__version__"}

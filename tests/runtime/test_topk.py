@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import needs_triton
+from rt_env import needs_triton
 from rt_helpers import random_logits
 
 

@@ -10,7 +10,7 @@ import importlib
 
 import pytest
 import torch
-from conftest import needs_triton
+from rt_env import needs_triton
 from rt_helpers import random_logits
 
 TR = importlib.import_module("ddtree_runtime.tree_recurrent")
@@ -441,7 +441,7 @@ def test_kernels_compile_for_sm90(tmp_path):
     import subprocess
     import sys
 
-    from conftest import RUNTIME_DIR
+    from rt_env import RUNTIME_DIR
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     r = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, str(RUNTIME_DIR)], env=env, capture_output=True,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import needs_triton
+from rt_env import needs_triton
 from rt_helpers import WALK_FIELDS, assert_same, plant_targets, python_walk, random_logits
 
 

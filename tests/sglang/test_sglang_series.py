@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PSET, patchset, sha256, touched, unpack
+from sglang_series_helpers import PSET, patchset, sha256, touched, unpack
 
 
 def test_patchset_metadata_is_complete():
