@@ -14,7 +14,6 @@ request on the host, as the paper's code does).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import sys
@@ -26,19 +25,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
-sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+sys.path[:0] = [str(ROOT / "tests" / "runtime"), str(ROOT)]
 
+from ddtree_deploy.refengine.runtime_loader import load_runtime  # noqa: E402
 
-def load_runtime(name: str = "ddtree_runtime"):
-    spec = importlib.util.spec_from_file_location(name, RUNTIME_DIR / "__init__.py",
-                                                  submodule_search_locations=[str(RUNTIME_DIR)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-rt = load_runtime()
+rt = load_runtime(RUNTIME_DIR)
 from ddtree_runtime.tree_triton import build_tree_triton  # noqa: E402
 from heap_oracle import heap_build, visibility  # noqa: E402
 

@@ -18,7 +18,7 @@ Writes DIR/tree-recurrent-<device>.json and .md (default DIR: bench/results).
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import sys
@@ -27,16 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
+sys.path.insert(0, str(ROOT))
 
 
 def load_runtime(name: str = "ddtree_runtime"):
-    spec = importlib.util.spec_from_file_location(name, RUNTIME_DIR / "__init__.py",
-                                                  submodule_search_locations=[str(RUNTIME_DIR)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    import importlib as il
-    return module, il.import_module(f"{name}.tree_recurrent")
+    """The runtime package (by path, as overlays vendor it) and its tree_recurrent module."""
+    from ddtree_deploy.refengine.runtime_loader import load_runtime as load_runtime_dir
+
+    return load_runtime_dir(RUNTIME_DIR, module_name=name), importlib.import_module(f"{name}.tree_recurrent")
 
 
 def make_parents(rt, kind: str, batch: int, n1: int, gen):

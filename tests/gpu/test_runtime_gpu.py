@@ -6,7 +6,6 @@ Runs under pytest (marked ``gpu``, skipped without CUDA) and also as a plain scr
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import traceback
@@ -21,7 +20,8 @@ except ImportError:  # script mode on a bare GPU image
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
-sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+sys.path[:0] = [str(ROOT / "tests" / "runtime"), str(ROOT)]
+from ddtree_deploy.refengine.runtime_loader import load_runtime  # noqa: E402
 
 if pytest is not None:
     pytestmark = [pytest.mark.gpu,
@@ -35,18 +35,7 @@ L = 15
 VOCAB = 151_936
 
 
-def _runtime():
-    if "ddtree_runtime" in sys.modules:
-        return sys.modules["ddtree_runtime"]
-    spec = importlib.util.spec_from_file_location("ddtree_runtime", RUNTIME_DIR / "__init__.py",
-                                                  submodule_search_locations=[str(RUNTIME_DIR)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ddtree_runtime"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-rt = _runtime()
+rt = load_runtime(RUNTIME_DIR)
 
 
 def _gen(salt: int) -> torch.Generator:

@@ -7,7 +7,7 @@ The oracle is independent of the tree code: every node's root->node path is run 
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import sys
 import time
@@ -22,17 +22,14 @@ except ImportError:  # plain-script mode on a machine without pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
+sys.path.insert(0, str(ROOT))
 
 
 def load_runtime(name: str = "ddtree_runtime"):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, RUNTIME_DIR / "__init__.py",
-                                                      submodule_search_locations=[str(RUNTIME_DIR)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    rt = sys.modules[name]
-    return rt, importlib.import_module(f"{name}.tree_recurrent")
+    """The runtime package (by path, as overlays vendor it) and its tree_recurrent module."""
+    from ddtree_deploy.refengine.runtime_loader import load_runtime as load_runtime_dir
+
+    return load_runtime_dir(RUNTIME_DIR, module_name=name), importlib.import_module(f"{name}.tree_recurrent")
 
 
 if pytest is not None:

@@ -5,13 +5,13 @@ whichever was loaded last.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from ddtree_deploy.refengine.runtime_loader import load_runtime as load_runtime_dir
 
 # Without a GPU the Triton kernels run in the interpreter (must be set before triton.jit decorates them).
 if not torch.cuda.is_available():
@@ -21,15 +21,8 @@ RUNTIME_DIR = Path(__file__).resolve().parents[2] / "patches" / "ddtree" / "runt
 
 
 def load_runtime(name: str = "ddtree_runtime"):
-    """Import the runtime folder as a package under ``name`` (submodules resolve relative to it)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, RUNTIME_DIR / "__init__.py",
-                                                  submodule_search_locations=[str(RUNTIME_DIR)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """Import the runtime folder as a package under ``name`` (by path, as overlays vendor it)."""
+    return load_runtime_dir(RUNTIME_DIR, module_name=name)
 
 
 # One seed per test run (printed, overridable) so inputs vary between runs yet a failure can be replayed.
