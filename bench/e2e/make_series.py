@@ -1,9 +1,13 @@
 """Regenerate patches/ddtree/sglang-0.5.11/*.patch from a developer work tree (quilt-style refresh).
 
-Usage: python bench/e2e/make_series.py WORKTREE
+Usage: python bench/e2e/make_series.py WORKTREE            # 0001-0003 (the split below)
+       python bench/e2e/make_series.py --layers WORKTREE   # 0004+ (LAYERS), each on top of the patches before it
 WORKTREE is a directory laid out like site-packages holding the *final* patched files (sglang/...).
 The base comes from the sglang 0.5.11 wheel (cache dir or --wheel). Each patch of the series is a git commit
-in a scratch repository; the split of files (and of dflash_worker.py hunks) between patches is fixed below.
+in a scratch repository; the split of files (and of dflash_worker.py hunks) between the first three patches is
+fixed below. Later patches are layers: the scratch repository gets the base plus every patch already in the
+patch set before the layer (applied with `git apply`), then the layer's files from WORKTREE, and the layer patch
+is that commit. So a layer may touch files of earlier patches (its hunks are only its own changes).
 """
 from __future__ import annotations
 
@@ -29,6 +33,16 @@ SERIES = [
      [(WORKER, "rest"), "sglang/srt/speculative/dflash_info.py", (VERIFY, "torch")]),
     ("0003-mask-kernels.patch", "DDTree: Triton tree-mask kernel and CUDA-graph capture with the tree mask",
      [(VERIFY, "final"), "sglang/srt/model_executor/cuda_graph_runner.py"]),
+]
+
+
+# Layers on top of 0001-0003: (patch name, subject, files taken whole from the worktree).
+LAYERS = [
+    ("0004-hybrid-recurrent.patch",
+     "DDTree on hybrid GatedDeltaNet targets: tree verify through the base's tree kernels, node-state commit",
+     ["sglang/srt/layers/attention/hybrid_linear_attn_backend.py",
+      "sglang/srt/model_executor/model_runner_kv_cache_mixin.py",
+      WORKER, "sglang/srt/speculative/dflash_info.py", "sglang/srt/speculative/ddtree_hybrid.py"]),
 ]
 
 
@@ -71,13 +85,63 @@ def verify_torch_only(final: str) -> str:
     return final[:start] + simple + final[end:]
 
 
+def stable_patch(repo: Path) -> str:
+    """HEAD as a format-patch without the commit hash / date lines (no churn between refreshes)."""
+    patch = git(repo, "format-patch", "-1", "--stdout", "--no-signature", "--full-index", "HEAD")
+    patch = re.sub(r"(?m)^From [0-9a-f]{40} .*\n", "", patch, count=1)
+    return re.sub(r"(?m)^Date: .*\n", "", patch, count=1)
+
+
+def make_layers(wt: Path, wheel: Path) -> int:
+    """Write each LAYERS patch: base + the patch set's earlier patches, then the layer's files from `wt`."""
+    import yaml
+
+    series = yaml.safe_load((PSET / "patchset.yaml").read_text())["series"]
+    zf = zipfile.ZipFile(wheel)
+    with tempfile.TemporaryDirectory() as td:
+        repo = Path(td) / "repo"
+        repo.mkdir()
+        git(repo, "init", "-q")
+        git(repo, "config", "user.email", "ddtree@localhost")
+        git(repo, "config", "user.name", "ddtree")
+        for name, msg, files in LAYERS:
+            earlier = series[: series.index(name)] if name in series else series
+            touched = set(files)
+            for p in earlier:
+                touched |= set(re.findall(r"(?m)^diff --git a/(\S+) b/", (PSET / p).read_text()))
+            for f in sorted(touched):
+                if f in zf.namelist() and not (repo / f).exists():
+                    (repo / f).parent.mkdir(parents=True, exist_ok=True)
+                    (repo / f).write_bytes(zf.read(f))
+            git(repo, "add", "-A")
+            git(repo, "commit", "-qm", "base", "--allow-empty")
+            for p in earlier:
+                git(repo, "apply", "-p1", str(PSET / p))
+            git(repo, "add", "-A")
+            git(repo, "commit", "-qm", "earlier patches", "--allow-empty")
+            for f in files:
+                (repo / f).parent.mkdir(parents=True, exist_ok=True)
+                (repo / f).write_text((wt / f).read_text())
+            git(repo, "add", "-A")
+            git(repo, "commit", "-qm", msg)
+            (PSET / name).write_text(stable_patch(repo))
+            print("wrote", name)
+            for f in files:
+                if f in zf.namelist():
+                    print(f"    {f}: {hashlib.sha256(zf.read(f)).hexdigest()}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("worktree", type=Path)
+    ap.add_argument("--layers", action="store_true", help="write the LAYERS patches (0004+) instead of 0001-0003")
     ap.add_argument("--wheel", type=Path,
                     default=Path.home() / ".cache/ddtree-deploy/wheels/sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl")
     args = ap.parse_args()
     wt = args.worktree.resolve()
+    if args.layers:
+        return make_layers(wt, args.wheel)
     files = sorted({f if isinstance(f, str) else f[0] for _, _, fs in SERIES for f in fs})
     with tempfile.TemporaryDirectory() as td:
         td = Path(td)
@@ -113,11 +177,7 @@ def main() -> int:
                 (repo / path).write_text(text)
             git(repo, "add", "-A")
             git(repo, "commit", "-qm", msg)
-            patch = git(repo, "format-patch", "-1", "--stdout", "--no-signature", "--full-index", "HEAD")
-            # A stable header (no commit hash / date churn between refreshes).
-            patch = re.sub(r"(?m)^From [0-9a-f]{40} .*\n", "", patch, count=1)
-            patch = re.sub(r"(?m)^Date: .*\n", "", patch, count=1)
-            (PSET / name).write_text(patch)
+            (PSET / name).write_text(stable_patch(repo))
             print("wrote", name)
         shas = {f: hashlib.sha256(base[f].encode()).hexdigest() for f in files if base[f] is not None}
         for f, h in shas.items():

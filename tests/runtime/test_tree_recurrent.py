@@ -367,6 +367,24 @@ def test_max_budget_for_memory(gen):
                                     conv_dtype=torch.bfloat16) == 64
 
 
+def test_check_budget_bytes(gen):
+    """The engine-level check: exact boundary on random sizes, and the message names the largest budget."""
+    for _ in range(50):
+        per = int(torch.randint(1, 2**30, (1,), generator=gen))
+        avail = int(torch.randint(0, 2**40, (1,), generator=gen))
+        n = TR.max_budget_for_bytes(avail, per)
+        assert n == min(avail // per - 1, TR.MAX_TREE_NODES - 1)
+        if 0 <= n:
+            TR.check_budget_bytes(n, avail, per)
+        if n + 1 < TR.MAX_TREE_NODES - 1:
+            with pytest.raises(ValueError, match=f"largest budget that fits is {max(n, 0)}[ .]"):
+                TR.check_budget_bytes(n + 1, avail, per, detail="x")
+    with pytest.raises(ValueError, match=r"not even the root fits"):
+        TR.check_budget_bytes(1, 10, 11)
+    with pytest.raises(ValueError, match="bytes_per_node must be positive"):
+        TR.max_budget_for_bytes(10, 0)
+
+
 def test_shape_errors():
     p = as_parent([chain(3)])
     with pytest.raises(ValueError, match="g and beta"):

@@ -14,9 +14,11 @@ from .selftest import self_test
 from .topk import draft_topk
 from .tree import build_tree
 from .tree_recurrent import (
+    check_budget_bytes,
     check_budget_memory,
     check_parent_order,
     commit_tree_states,
+    max_budget_for_bytes,
     max_budget_for_memory,
     per_node_state_bytes,
     tree_causal_conv1d,
@@ -36,11 +38,13 @@ __all__ = [
     "accept_walk",
     "build_tree",
     "build_verify_inputs",
+    "check_budget_bytes",
     "check_budget_memory",
     "check_parent_order",
     "commit_tree_states",
     "draft_topk",
     "kv_compaction",
+    "max_budget_for_bytes",
     "max_budget_for_memory",
     "per_node_state_bytes",
     "sample_target_tokens",
