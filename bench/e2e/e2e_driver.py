@@ -10,6 +10,10 @@ Configurations are named MODELSET-ALGO[-bBUDGET][-graph]:
   MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
             agree : bench/e2e/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
+            hyb   : shared/gpu-e2e/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
+            hyblive: bench/e2e/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
+                    tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
+                    them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget)
   -graph    CUDA graphs on (default: --disable-cuda-graph)
 
@@ -31,7 +35,10 @@ MODELSETS = {
     "rand": ("tiny-qwen3", "tiny-dflash"),
     "randf32": ("tiny-qwen3", "tiny-dflash"),  # same models served in float32 (bf16 near-ties excluded)
     "agree": ("agree-qwen3", "agree-dflash"),
+    "hyb": ("tiny-next", "tiny-next-dflash"),
+    "hyblive": ("live-next", "live-next-dflash"),
 }
+HYBRID_MODELSETS = ("hyb", "hyblive")
 BATCHES = (1, 4, 16)
 MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
 SAMPLE_T = float(os.environ.get("E2E_SAMPLE_T", "2.5"))
@@ -69,6 +76,10 @@ def engine_kwargs(cfg: dict) -> dict:
     )
     if cfg["modelset"].endswith("f32"):
         kw["dtype"] = "float32"
+    if cfg["modelset"] in HYBRID_MODELSETS:
+        # Speculative decoding on SGLang 0.5.11 hybrid targets needs the radix cache off; the AR baseline runs
+        # the same way so that both sides differ only in speculative decoding.
+        kw["disable_radix_cache"] = True
     if cfg["graph"]:
         kw["cuda_graph_max_bs"] = 16
     else:
