@@ -80,6 +80,10 @@ def engine_kwargs(cfg: dict) -> dict:
         # Speculative decoding on SGLang 0.5.11 hybrid targets needs the radix cache off; the AR baseline runs
         # the same way so that both sides differ only in speculative decoding.
         kw["disable_radix_cache"] = True
+    if os.environ.get("E2E_KV_SPLITS"):
+        # The triton decode kernel splits the KV sum into a batch-dependent number of pieces; one split makes the
+        # AR baseline's summation order independent of the batch (bf16 near-ties then cannot flip with batch size).
+        kw["triton_attention_num_kv_splits"] = int(os.environ["E2E_KV_SPLITS"])
     if cfg["graph"]:
         kw["cuda_graph_max_bs"] = 16
     else:
