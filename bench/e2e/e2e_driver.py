@@ -58,6 +58,8 @@ def parse(name: str) -> dict:
             cfg["budget"] = int(p[1:])
         elif p == "graph":
             cfg["graph"] = True
+        elif p.startswith("mrr"):
+            cfg["max_running"] = int(p[3:])  # e.g. to provoke the hybrid budget-memory start-up error
     return cfg
 
 
@@ -72,7 +74,7 @@ def engine_kwargs(cfg: dict) -> dict:
         page_size=1,
         random_seed=0,
         log_level=os.environ.get("E2E_LOG_LEVEL", "info"),
-        max_running_requests=32,
+        max_running_requests=cfg.get("max_running", 32),
     )
     if cfg["modelset"].endswith("f32"):
         kw["dtype"] = "float32"
