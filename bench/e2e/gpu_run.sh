@@ -19,6 +19,9 @@ python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang
 if [ ! -d /tmp/models/agree-qwen3 ]; then
   python3 "$B/mk_models.py" /tmp/models > "$OUT/models.log" 2>&1 && python3 bench/e2e/mk_agree.py /tmp/models /tmp/models >> "$OUT/models.log" 2>&1 || { tail "$OUT/models.log"; exit 3; }
 fi
+if [ ! -d /tmp/models/live-next ]; then  # hybrid targets (issue #9): random Qwen3-Next and the live-token one
+  python3 "$B/mk_hybrid.py" /tmp/models /tmp/models >> "$OUT/models.log" 2>&1 && python3 bench/e2e/mk_hybrid_live.py /tmp/models /tmp/models >> "$OUT/models.log" 2>&1 || { tail "$OUT/models.log"; exit 3; }
+fi
 tail -1 "$OUT/models.log"
 echo "setup $(( $(date +%s) - T0 ))s"
 mkdir -p /tmp/res-$TAG
