@@ -59,3 +59,43 @@ def load_module(name: str, path: Path):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+_TORCHVISION_STUB = '''import enum as _enum
+class InterpolationMode(_enum.Enum):
+    NEAREST = "nearest"; NEAREST_EXACT = "nearest-exact"; BILINEAR = "bilinear"; BICUBIC = "bicubic"
+    BOX = "box"; HAMMING = "hamming"; LANCZOS = "lanczos"
+class _Placeholder:
+    def __init__(self, *a, **k): pass
+    def __call__(self, *a, **k): raise RuntimeError("torchvision stand-in")
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Placeholder
+'''
+
+
+def write_torchvision_stub(dest: Path) -> Path:
+    """A stand-in torchvision package (with dist-info) under ``dest``: sglang imports torchvision at module level,
+    and the real one would pull a CUDA torch onto a CPU box. Returns ``dest`` (a directory for PYTHONPATH)."""
+    for sub in ["torchvision", "torchvision/transforms", "torchvision/transforms/v2"]:
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+    for f in ["torchvision/io.py", "torchvision/ops.py", "torchvision/transforms/functional.py",
+              "torchvision/transforms/v2/functional.py"]:
+        (dest / f).write_text(_TORCHVISION_STUB)
+    (dest / "torchvision/__init__.py").write_text(_TORCHVISION_STUB + '__version__ = "0.26.0"\nfrom . import io, ops, transforms\n')
+    (dest / "torchvision/transforms/__init__.py").write_text(_TORCHVISION_STUB + "from . import functional, v2\n")
+    (dest / "torchvision/transforms/v2/__init__.py").write_text(_TORCHVISION_STUB + "from . import functional\n")
+    (dest / "torchvision-0.26.0.dist-info").mkdir(exist_ok=True)
+    (dest / "torchvision-0.26.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.26.0\n")
+    (dest / "torchvision-0.26.0.dist-info/RECORD").write_text("")
+    return dest
+
+
+def sglang_subprocess_env(patched_tree: Path, workdir: Path) -> dict:
+    """Environment for a subprocess that imports the patched sglang on CPU: the patched tree first, then the
+    optional extra dependency dir ($DDTREE_SGLANG_DEPS), the torchvision stand-in, the caller's PYTHONPATH."""
+    stub = write_torchvision_stub(workdir / "stub")
+    extra = os.environ.get("DDTREE_SGLANG_DEPS", "")
+    pp = os.pathsep.join(p for p in [str(patched_tree), extra, str(stub), os.environ.get("PYTHONPATH", "")] if p)
+    return {**os.environ, "PYTHONPATH": pp, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
