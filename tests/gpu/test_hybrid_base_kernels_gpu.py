@@ -642,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU through the Triton interpreter")
     ap.add_argument("--seed", type=int, default=int(os.environ.get("DDTREE_TEST_SEED", "0")) or None)
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--only", default="", help="run only the cases whose label contains this (e.g. b64x)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
     if not args.cpu_smoke and not torch.cuda.is_available():
@@ -659,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"seed": seed, "device": name, "sglang": str(sg), "cases": [], "timing": []}
     failed = 0
     for i, case in enumerate(smoke_cases() if args.cpu_smoke else gpu_cases()):
+        if args.only not in case.label():
+            continue
         t0 = time.time()
         entry = {"case": case.label(), **asdict(case)}
         try:
