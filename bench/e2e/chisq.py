@@ -1,11 +1,13 @@
 """Temperature > 0 losslessness: test the output law of AR / DFlash chain / DDTree against the target's exact law.
 
-Usage: python bench/e2e/chisq.py RAW_DIR_OR_TGZ AGREE_TARGET_DIR OUT_JSON
+Usage: python bench/e2e/chisq.py RAW_DIR_OR_TGZ [AGREE_TARGET_DIR] OUT_JSON
+  Without AGREE_TARGET_DIR the weights come from the raw folder's models/agree-qwen3 (gpu_run.sh puts the served
+  files there since call 4); older tarballs need the folder rebuilt with mk_models.py + mk_agree.py.
 
 The agree target (bench/e2e/mk_agree.py) is exactly first order: o_proj and down_proj are zero, so the logits at
 every step are W_lm . rmsnorm(E[previous token]) and the next-token law p(. | prev) is known in closed form from the
-weights. For every generated token of the `sample-T` workload (64 requests x 128 tokens at T=2.5, prompts rebuilt
-from their seeds) we add p(. | prev) into expected counts over 6 categories: the cycle successor of prev, another
+weights. For every generated token of the `sample-T` workload (16 requests per prompt seed, E2E_SAMPLE_REPS seeds, at
+T=2.5, prompts rebuilt from their seeds) we add p(. | prev) into expected counts over 6 categories: the cycle successor of prev, another
 cycle token, and the other tokens split by id % 4. A Pearson goodness-of-fit test per configuration (dof 5) then
 asks whether the sampled tokens follow the target's law; AR is the control. A lossy verify (e.g. accepting draft
 tokens that the target would not have sampled) shifts mass to the drafter's favourites and fails the test.
@@ -68,15 +70,19 @@ def category(prev: int, tok: torch.Tensor) -> torch.Tensor:
     return torch.where(tok == want, torch.zeros_like(c), c)
 
 
-def main() -> int:
-    rs = load_results(Path(sys.argv[1]))
-    law = target_law(Path(sys.argv[2]), rs["agree-ar"]["workloads"]["sample-T"]["temperature"])
+def analyse(rs: dict, model_dir: Path) -> dict:
+    """Goodness of fit of every configuration's `sample-T` tokens; AR (agree-ar) is the control when present."""
+    temps = {rs[n]["workloads"]["sample-T"]["temperature"] for n in rs if "sample-T" in rs[n].get("workloads", {})}
+    if len(temps) != 1:
+        raise SystemExit(f"need one sampling temperature across configurations, got {sorted(temps)}")
+    temperature = temps.pop()
+    law = target_law(model_dir, temperature)
     V = law.shape[1]
     cat_of = torch.stack([category(p, torch.arange(V)) for p in range(V)])  # [prev, tok] -> category
     exp_by_prev = torch.zeros(V, 6, dtype=torch.float64)
     for c in range(6):
         exp_by_prev[:, c] = (law.double() * (cat_of == c)).sum(1)
-    out = {"temperature": rs["agree-ar"]["workloads"]["sample-T"]["temperature"],
+    out = {"temperature": temperature,
            "categories": ["cycle successor", "other cycle token", "id%4==0", "id%4==1", "id%4==2", "id%4==3"],
            "tests": {}}
     base_follow = None
@@ -85,18 +91,19 @@ def main() -> int:
         if not w:
             continue
         ps = sum((prompts(16, seed=s) for s in w["prompts_seeds"]), [])
-        obs = torch.zeros(6, dtype=torch.float64)
-        exp = torch.zeros(6, dtype=torch.float64)
-        follow = [[0, 0] for _ in range(3)]
+        prev_l, cur_l, pos_l = [], [], []
         for p, o in zip(ps, w["output_ids"], strict=True):
             seq = [p[-1]] + o
-            for i in range(1, len(seq)):
-                prev, cur = seq[i - 1], seq[i]
-                c = int(cat_of[prev, cur])
-                obs[c] += 1
-                exp += exp_by_prev[prev]
-                b = 0 if i <= 32 else 1 if i <= 64 else 2
-                follow[b][0 if c == 0 else 1] += 1
+            prev_l += seq[:-1]
+            cur_l += seq[1:]
+            pos_l += range(1, len(seq))
+        prev, cur, pos = torch.tensor(prev_l), torch.tensor(cur_l), torch.tensor(pos_l)
+        cats = cat_of[prev, cur]
+        obs = torch.bincount(cats, minlength=6).double()
+        exp = torch.bincount(prev, minlength=V).double() @ exp_by_prev
+        bucket = (pos > 32).long() + (pos > 64).long()  # positions 1-32, 33-64, 65+
+        follow = [[int(((bucket == b) & (cats == 0)).sum()), int(((bucket == b) & (cats != 0)).sum())]
+                  for b in range(3)]
         stat = float(((obs - exp) ** 2 / exp).sum())
         r = {"tokens": int(obs.sum()), "observed": obs.tolist(), "expected": [round(x, 1) for x in exp.tolist()],
              "gof_chi2": round(stat, 3), "gof_dof": 5, "gof_p": round(float(chi2.sf(stat, 5)), 4),
@@ -111,7 +118,22 @@ def main() -> int:
         a = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
         r["accepted_per_round"] = round(a / v, 4) if v else None
         out["tests"][name] = r
-    Path(sys.argv[3]).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if len(args) not in (2, 3):
+        raise SystemExit(__doc__.split("\n\n")[1])
+    raw = Path(args[0])
+    if raw.is_file():
+        td = Path(tempfile.mkdtemp())
+        with tarfile.open(raw) as t:
+            t.extractall(td)
+        raw = td
+    model_dir = Path(args[1]) if len(args) == 3 else raw / "models" / "agree-qwen3"
+    out = analyse(load_results(raw), model_dir)
+    Path(args[-1]).write_text(json.dumps(out, indent=1))
     for n, r in out["tests"].items():
         print(f"{n:24s} tokens {r['tokens']} successor {r['successor_rate']} (law {r['successor_rate_expected']}) "
               f"GOF chi2 {r['gof_chi2']} p {r['gof_p']}  two-sample p {r.get('vs_ar_two_sample', {}).get('p')} "

@@ -6,19 +6,26 @@ Sub-commands
                            models tiny: start-up, not the GPU, is the cost), then `report`
   report OUTDIR RESULT     compare every configuration with its autoregressive baseline, write RESULT.json/.md
 
-Configurations are named MODELSET-ALGO[-bBUDGET][-graph]:
+Configurations are named MODELSET-ALGO[-bBUDGET][-graph][-prof]:
   MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
             agree : bench/e2e/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
+            big   : bench/e2e/mk_big.py (random target with hidden 1024 / 8 layers and LM-head rows of spread norms,
+                    random DFlash drafter reading layers [1, 5], block size 4)
             hyb   : shared/gpu-e2e/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
             hyblive: bench/e2e/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget)
   -graph    CUDA graphs on (default: --disable-cuda-graph)
+  -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
+            rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
+            bench/e2e/round_share.py
 
 Workloads: greedy (temperature 0) generation of fixed random prompts as batches of 1, 4 and 16 concurrent
-requests; `stop` (agree only): stop_token_ids inside the accepted path; `speed`: timed batches of 1 and 16.
+requests; `stop` (agree only): stop_token_ids inside the accepted path; `sample-T` (agree, eager): E2E_SAMPLE_REPS x 16
+requests of E2E_SAMPLE_TOKENS tokens at T = E2E_SAMPLE_T (two sets of 16 per generate call when the engine admits 32);
+`speed` (graph configs, or E2E_SPEED=1): timed batches of E2E_SPEED_BATCHES (default 1,16), 3 calls each.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ MODELSETS = {
     "rand": ("tiny-qwen3", "tiny-dflash"),
     "randf32": ("tiny-qwen3", "tiny-dflash"),  # same models served in float32 (bf16 near-ties excluded)
     "agree": ("agree-qwen3", "agree-dflash"),
+    "big": ("big-qwen3", "big-dflash"),
     "hyb": ("tiny-next", "tiny-next-dflash"),
     "hyblive": ("live-next", "live-next-dflash"),
 }
@@ -43,6 +51,10 @@ BATCHES = (1, 4, 16)
 MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
 SAMPLE_T = float(os.environ.get("E2E_SAMPLE_T", "2.5"))
 SAMPLE_REPS = int(os.environ.get("E2E_SAMPLE_REPS", "4"))
+SAMPLE_TOKENS = int(os.environ.get("E2E_SAMPLE_TOKENS", "128"))
+SPEED_BATCHES = tuple(int(b) for b in os.environ.get("E2E_SPEED_BATCHES", "1,16").split(","))
+PROF_BATCHES = tuple(int(b) for b in os.environ.get("E2E_PROF_BATCHES", "1,16").split(","))
+PROF_TOKENS = int(os.environ.get("E2E_PROF_TOKENS", "32"))
 
 
 def prompts(n: int, seed: int = 1234) -> list[list[int]]:
@@ -52,12 +64,14 @@ def prompts(n: int, seed: int = 1234) -> list[list[int]]:
 
 def parse(name: str) -> dict:
     parts = name.split("-")
-    cfg = {"name": name, "modelset": parts[0], "algo": parts[1], "budget": None, "graph": False}
+    cfg = {"name": name, "modelset": parts[0], "algo": parts[1], "budget": None, "graph": False, "profile": False}
     for p in parts[2:]:
         if p.startswith("b"):
             cfg["budget"] = int(p[1:])
         elif p == "graph":
             cfg["graph"] = True
+        elif p == "prof":
+            cfg["profile"] = True
         elif p.startswith("mrr"):
             cfg["max_running"] = int(p[3:])  # e.g. to provoke the hybrid budget-memory start-up error
     return cfg
@@ -110,14 +124,43 @@ def generate(engine, ps, sp) -> tuple[list, float]:
     return outs, dt
 
 
-def run_one(name: str, outdir: Path) -> int:
-    import sglang as sgl
+def profile_rounds(engine, profdir: Path, name: str) -> dict:
+    """SGLang's own torch profiler (scheduler process) around PROF_TOKENS greedy tokens per batch size.
 
+    Python stacks are on (SGLang's default) so that bench/e2e/round_share.py can attribute every GPU kernel to the
+    DDTree step that launched it; the profiled wall time is inflated by the Python tracer, GPU durations are not.
+    """
+    out: dict = {}
+    sp = {"temperature": 0.0, "max_new_tokens": PROF_TOKENS, "ignore_eos": True}
+    for bs in PROF_BATCHES:
+        d = profdir / f"{name}-bs{bs}"
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            engine.start_profile(output_dir=str(d), activities=["CPU", "GPU"], with_stack=True, record_shapes=False)
+            outs, dt = generate(engine, prompts(bs, seed=77), sp)
+            engine.stop_profile()
+            out[f"bs{bs}"] = {"seconds": round(dt, 4), "dir": str(d.relative_to(profdir.parent)),
+                              "files": sorted(f.name for f in d.iterdir()),
+                              "meta": [_meta(o["meta_info"]) for o in outs]}
+        except BaseException as e:  # noqa: BLE001 - recorded; the timed workloads before it stay valid
+            out[f"bs{bs}"] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def run_one(name: str, outdir: Path) -> int:
     cfg = parse(name)
     res: dict = {"config": cfg, "ok": False, "workloads": {}}
     t0 = time.perf_counter()
     try:
-        engine = sgl.Engine(**engine_kwargs(cfg))
+        kw = engine_kwargs(cfg)
+        if os.environ.get("E2E_DRY_RUN") == "1":  # CPU stand-in: checks the flow, not SGLang (dry_engine.py)
+            from dry_engine import DryEngine
+
+            engine = DryEngine(cfg, kw["model_path"])
+        else:
+            import sglang as sgl
+
+            engine = sgl.Engine(**kw)
     except BaseException as e:  # noqa: BLE001 - recorded, the orchestrator goes on
         res["error"] = f"engine start: {type(e).__name__}: {e}"
         (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
@@ -147,10 +190,12 @@ def run_one(name: str, outdir: Path) -> int:
             if cfg["modelset"].startswith("agree") and not cfg["graph"]:
                 # Temperature > 0: one independent target sample per tree node must leave the output law unchanged.
                 # At T=2.5 the agree target continues its cycle with p ~ 0.54 and spreads the rest over 511 tokens.
-                sp = {"temperature": SAMPLE_T, "max_new_tokens": 128, "ignore_eos": True}
+                sp = {"temperature": SAMPLE_T, "max_new_tokens": SAMPLE_TOKENS, "ignore_eos": True}
                 outs_all, meta_all, secs = [], [], 0.0
-                for rep in range(SAMPLE_REPS):
-                    outs, dt = generate(engine, prompts(16, seed=500 + rep), sp)
+                per_call = max(1, cfg.get("max_running", 32) // 16)  # sets of 16 prompts per call, kept in order
+                for rep in range(0, SAMPLE_REPS, per_call):
+                    seeds = range(500 + rep, 500 + min(rep + per_call, SAMPLE_REPS))
+                    outs, dt = generate(engine, sum((prompts(16, seed=s) for s in seeds), []), sp)
                     outs_all += [o["output_ids"] for o in outs]
                     meta_all += [_meta(o["meta_info"]) for o in outs]
                     secs += dt
@@ -161,7 +206,7 @@ def run_one(name: str, outdir: Path) -> int:
             n_new = int(os.environ.get("E2E_SPEED_TOKENS", "256"))
             sp = {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}
             generate(engine, allp[:16], {**sp, "max_new_tokens": 16})  # warm-up
-            for bs in (1, 16):
+            for bs in SPEED_BATCHES:
                 runs = []
                 for rep in range(3):
                     outs, dt = generate(engine, prompts(bs, seed=99 + rep), sp)
@@ -170,6 +215,10 @@ def run_one(name: str, outdir: Path) -> int:
                     runs.append({"seconds": round(dt, 4), "tokens": toks, "tok_per_s": round(toks / dt, 1),
                                  "meta": acc})
                 res["workloads"][f"speed-bs{bs}"] = runs
+        if cfg["profile"]:
+            # Checkpoint first: a profiler that hangs until the orchestrator's deadline must not cost the rest.
+            (outdir / f"{name}.json").write_text(json.dumps({**res, "checkpoint": "before profiling"}, indent=1))
+            res["workloads"]["profile"] = profile_rounds(engine, outdir / "prof", name)
         res["ok"] = True
     except BaseException as e:  # noqa: BLE001
         import traceback

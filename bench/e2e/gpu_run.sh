@@ -1,34 +1,77 @@
 #!/bin/bash
 # On the GPU host: install the offline SGLang 0.5.11 bundle, lay the DDTree overlay over a copy of it, make the
-# tiny models, run the e2e configurations and write the report + logs under $OUT.
+# models the configurations need, run the e2e configurations and write the report + logs under $OUT.
 # Usage (repo root, bundle in .e2e/, overlay in .e2e/overlay/):
 #   bash bench/e2e/gpu_run.sh TAG PARALLEL_CONFIGS [SEQUENTIAL_CONFIGS]
 # PARALLEL_CONFIGS run several Engine processes at once (correctness, acceptance); SEQUENTIAL_CONFIGS run one at a
 # time afterwards (anything timed).
+# Time: E2E_BUDGET (default 525 s) bounds the whole script; the parallel phase ends by E2E_DEADLINE (default 420 s)
+# and, when there is a sequential phase, early enough to leave it E2E_SEQ_RESERVE (default 240 s); the sequential
+# phase ends by E2E_SEQ_DEADLINE (default 330 s) or the budget. A configuration still running at its phase's end
+# is killed (its JSON may hold a checkpoint).
+# $OUT: setup.log (install + model making), orchestrate-TAG.log (ends with the setup/phase/total times), TAG.json,
+# TAG.md, TAG-raw.tgz (results, logs, the agree target's weights), and for `-prof` configurations
+# TAG-round-share.json (bench/e2e/round_share.py, run here) and TAG-prof.tgz (the traces, if under 15 MB).
 set -u
 TAG=$1; CONFIGS=$2; SEQ=${3:-}
 B=$PWD/.e2e; OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
+BUDGET=${E2E_BUDGET:-525}
+elapsed() { echo $(( $(date +%s) - T0 )); }
+needs() { echo ",$CONFIGS,$SEQ," | grep -q ",$1-"; }  # does any configuration use model set $1?
+DRY=${E2E_DRY_RUN:-0}  # 1: CPU dry run (no install; bench/e2e/dry_engine.py stands in for sglang.Engine)
+if [ "$DRY" = 1 ]; then
+  echo "dry run: no install, CPU stand-in engines" > "$OUT/setup.log"; export PYTHONUNBUFFERED=1 E2E_DRY_RUN=1
+else
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/wheels/*.whl > "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 1; }
 rm -rf /tmp/overlay && mkdir -p /tmp/overlay && cp -r /tmp/site/sglang /tmp/overlay/ && cp -r "$B"/overlay/sglang/. /tmp/overlay/sglang/
 find /tmp/overlay/sglang -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
 export PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim SGLANG_IS_FLASHINFER_AVAILABLE=false PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ldconfig -p | grep -q 'libnuma.so.1 ' || export LD_LIBRARY_PATH=$B/numa${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+# Models, in the background while the imports are checked: each set only when a configuration needs it and it is
+# missing (idempotent on a warm machine). tiny-qwen3 is the tokenizer base of all of them.
+(
+  set -e
+  [ -d /tmp/models/agree-qwen3 ] || { python3 "$B/mk_models.py" /tmp/models; python3 bench/e2e/mk_agree.py /tmp/models /tmp/models; }
+  if needs big; then python3 bench/e2e/mk_big.py /tmp/models /tmp/models; fi
+  if needs hyb && [ ! -d /tmp/models/tiny-next ]; then python3 "$B/mk_hybrid.py" /tmp/models /tmp/models; fi
+  if needs hyblive && [ ! -d /tmp/models/live-next ]; then python3 bench/e2e/mk_hybrid_live.py /tmp/models /tmp/models; fi
+) >> "$OUT/setup.log" 2>&1 &
+MK=$!
+if [ "$DRY" != 1 ]; then
 python3 -c "import torch, sglang, sglang.srt.speculative.ddtree as rt, sglang.srt.speculative.ddtree_verify as dv; print('torch', torch.__version__, 'sglang', sglang.__version__, sglang.__file__, 'runtime', rt.__version__)" 2>&1 | tail -3
-python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang/srt/server_args.py /tmp/overlay/sglang/srt/model_executor/cuda_graph_runner.py >/dev/null || echo "compileall failed"
-if [ ! -d /tmp/models/agree-qwen3 ]; then
-  python3 "$B/mk_models.py" /tmp/models > "$OUT/models.log" 2>&1 && python3 bench/e2e/mk_agree.py /tmp/models /tmp/models >> "$OUT/models.log" 2>&1 || { tail "$OUT/models.log"; exit 3; }
+# Byte-compile the whole overlay and bundle once (seconds on all cores) instead of in every Engine process at once.
+python3 -m compileall -q -j 0 /tmp/overlay/sglang /tmp/site >/dev/null 2>&1; python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang/srt/server_args.py /tmp/overlay/sglang/srt/model_executor/cuda_graph_runner.py >/dev/null || echo "compileall failed"
 fi
-if [ ! -d /tmp/models/live-next ]; then  # hybrid targets (issue #9): random Qwen3-Next and the live-token one
-  python3 "$B/mk_hybrid.py" /tmp/models /tmp/models >> "$OUT/models.log" 2>&1 && python3 bench/e2e/mk_hybrid_live.py /tmp/models /tmp/models >> "$OUT/models.log" 2>&1 || { tail "$OUT/models.log"; exit 3; }
+wait $MK || { echo "model making failed"; tail -20 "$OUT/setup.log"; exit 3; }
+grep -E "^ok " "$OUT/setup.log" | cut -c1-200
+echo "setup $(elapsed)s" | tee "$OUT/orchestrate-$TAG.log"
+R=/tmp/res-$TAG; mkdir -p $R
+if [ -n "$CONFIGS" ]; then
+  DL=${E2E_DEADLINE:-420}; LEFT=$(( BUDGET - $(elapsed) - 15 ))
+  [ -n "$SEQ" ] && LEFT=$(( LEFT - ${E2E_SEQ_RESERVE:-240} ))
+  [ $LEFT -lt $DL ] && DL=$LEFT
+  E2E_DEADLINE=$DL python3 bench/e2e/e2e_driver.py orchestrate $R "$CONFIGS" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
+  echo "parallel phase done at $(elapsed)s (deadline ${DL}s)" | tee -a "$OUT/orchestrate-$TAG.log"
 fi
-tail -1 "$OUT/models.log"
-echo "setup $(( $(date +%s) - T0 ))s"
-mkdir -p /tmp/res-$TAG
-[ -n "$CONFIGS" ] && python3 bench/e2e/e2e_driver.py orchestrate /tmp/res-$TAG "$CONFIGS" 2>&1 | tee "$OUT/orchestrate-$TAG.log"
-[ -n "$SEQ" ] && E2E_WORKERS=1 E2E_DEADLINE=${E2E_SEQ_DEADLINE:-330} python3 bench/e2e/e2e_driver.py orchestrate /tmp/res-$TAG "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
-python3 bench/e2e/e2e_driver.py report /tmp/res-$TAG "$OUT/$TAG" > /dev/null
+if [ -n "$SEQ" ]; then
+  DL=${E2E_SEQ_DEADLINE:-330}; LEFT=$(( BUDGET - $(elapsed) - 15 ))
+  [ $LEFT -lt $DL ] && DL=$LEFT
+  E2E_WORKERS=1 E2E_DEADLINE=$DL python3 bench/e2e/e2e_driver.py orchestrate $R "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
+  echo "sequential phase done at $(elapsed)s (deadline ${DL}s)" | tee -a "$OUT/orchestrate-$TAG.log"
+fi
+python3 bench/e2e/e2e_driver.py report $R "$OUT/$TAG" > /dev/null
 cat "$OUT/$TAG.md"
-tar czf "$OUT/$TAG-raw.tgz" -C /tmp/res-$TAG .
-for f in /tmp/res-$TAG/logs/*.log; do echo "== $f"; grep -E "Error|Traceback|DDTree|Exception|cuda graph" "$f" | grep -v -E "UserWarning|Ignore import error" | head -6; done 2>/dev/null | head -150
-echo "total $(( $(date +%s) - T0 ))s"
+mkdir -p $R/models && for m in agree-qwen3 big-qwen3; do  # small files that let the post-processing use the served weights
+  [ -d /tmp/models/$m ] || continue; mkdir -p $R/models/$m; cp /tmp/models/$m/*.json $R/models/$m/ 2>/dev/null
+  [ $m = agree-qwen3 ] && cp /tmp/models/$m/model.safetensors $R/models/$m/
+done
+if [ -d $R/prof ]; then
+  python3 bench/e2e/round_share.py $R "$OUT/$TAG-round-share.json" || echo "round_share failed"
+  tar cf "$OUT/$TAG-prof.tgz" -C $R prof
+  [ $(stat -c %s "$OUT/$TAG-prof.tgz") -le 15000000 ] || { echo "traces too large to return: $(du -sh $R/prof)"; rm -f "$OUT/$TAG-prof.tgz"; }
+fi
+tar czf "$OUT/$TAG-raw.tgz" -C $R --exclude ./prof .
+for f in $R/logs/*.log; do echo "== $f"; grep -E "Error|Traceback|DDTree|Exception|cuda graph" "$f" | grep -v -E "UserWarning|Ignore import error" | head -6; done 2>/dev/null | head -150
+echo "total $(elapsed)s" | tee -a "$OUT/orchestrate-$TAG.log"

@@ -1,0 +1,147 @@
+"""A CPU stand-in for `sglang.Engine`, so that gpu_run.sh and the e2e driver's whole flow run without a GPU.
+
+E2E_DRY_RUN=1 makes `e2e_driver.py run` use it. It checks the plumbing (orchestration, deadlines, report, tarballs,
+round_share.py, chisq.py, post_call4.py), not SGLang: its outputs are what a lossless engine would give.
+- greedy: agree models follow the target's cycle (any token -> C0 -> C1 -> ...), other models a fixed function of
+  the prompt; the same for AR, chain and DDTree, so the report sees them identical.
+- T > 0 on agree models: tokens drawn from the target's exact law (chisq.target_law), so the goodness-of-fit
+  p-values of a dry run are uniform.
+- meta: spec_verify_ct / spec_accepted_drafts from a nominal tokens-per-round (1 for AR).
+- start_profile / stop_profile: a small chrome trace with the frames, launches and kernels of a DDTree round.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+CYCLE = [100, 101, 102, 103]
+NEXT = {CYCLE[i]: CYCLE[(i + 1) % 4] for i in range(4)}
+
+
+class DryEngine:
+    def __init__(self, cfg: dict, model_dir: str) -> None:
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.tpr = 1.0 if cfg["algo"] == "ar" else 1.34 if cfg["algo"] == "chain" else 1.0 + math.log2(
+            1 + (cfg["budget"] or 1)) / 2
+        self.gen = torch.Generator().manual_seed(0)
+        self._law: dict[float, torch.Tensor] = {}
+        self._prof_dir: Path | None = None
+        self._last_rounds = 1
+
+    def _greedy(self, p: list[int], n: int, stop: set[int]) -> list[int]:
+        out: list[int] = []
+        prev = p[-1]
+        for i in range(n):
+            if self.cfg["modelset"].startswith("agree"):
+                tok = NEXT.get(prev, CYCLE[0])
+            else:
+                tok = 4 + (sum(p) * 31 + i * 17) % 396
+            out.append(tok)
+            prev = tok
+            if tok in stop:
+                break
+        return out
+
+    def _sample(self, ps: list[list[int]], n: int, temperature: float) -> list[list[int]]:
+        if temperature not in self._law:
+            from chisq import target_law
+
+            self._law[temperature] = target_law(self.model_dir, temperature)
+        law = self._law[temperature]
+        prev = torch.tensor([p[-1] for p in ps])
+        out = torch.empty(len(ps), n, dtype=torch.long)
+        for i in range(n):
+            prev = torch.multinomial(law[prev], 1, generator=self.gen).squeeze(1)
+            out[:, i] = prev
+        return out.tolist()
+
+    def generate(self, input_ids: list[list[int]], sampling_params: dict) -> list[dict]:
+        t0 = time.perf_counter()
+        n = int(sampling_params.get("max_new_tokens", 16))
+        temperature = float(sampling_params.get("temperature", 1.0))
+        if temperature > 0 and self.cfg["modelset"].startswith("agree"):
+            outs = self._sample(input_ids, n, temperature)
+        else:
+            stop = set(sampling_params.get("stop_token_ids") or [])
+            outs = [self._greedy(p, n, stop) for p in input_ids]
+        res = []
+        for p, o in zip(input_ids, outs, strict=True):
+            meta = {"completion_tokens": len(o), "prompt_tokens": len(p), "finish_reason": {"type": "length"},
+                    "e2e_latency": time.perf_counter() - t0}
+            if self.cfg["algo"] != "ar":
+                rounds = max(1, math.ceil(len(o) / self.tpr))
+                meta.update(spec_verify_ct=rounds, spec_accepted_drafts=len(o) - rounds,
+                            spec_accept_length=len(o) / rounds)
+            res.append({"output_ids": o, "meta_info": meta})
+        self._last_rounds = max((m["meta_info"].get("spec_verify_ct") or 1) for m in res)
+        return res
+
+    def start_profile(self, output_dir: str, **_: object) -> None:
+        self._prof_dir = Path(output_dir)
+
+    def stop_profile(self) -> None:
+        assert self._prof_dir is not None, "stop_profile without start_profile"
+        path = self._prof_dir / f"{time.time()}-TP-0.trace.json.gz"
+        with gzip.open(path, "wt") as fh:
+            json.dump({"traceEvents": synthetic_round_trace(self._last_rounds)}, fh)
+        self._prof_dir = None
+
+    def shutdown(self) -> None:
+        pass
+
+
+# (frame, children, own launches as (kernel name, us)); file paths as the profiler prints them for the overlay.
+ROUND = ("sglang/srt/speculative/dflash_worker.py(1234): forward_batch_generation", [
+    ("sglang/srt/speculative/dflash_worker.py(565): _prepare_for_speculative_decoding", [
+        ("sglang/srt/model_executor/model_runner.py(2400): forward", [], [("draft_graph_kernel", 40.0)]),
+        ("sglang/srt/speculative/dflash_worker.py(753): _prepare_ddtree_verify", [
+            ("sglang/srt/speculative/ddtree_verify.py(69): ddtree_draft_topk", [], [("_chunk_topk_kernel", 6.0)]),
+            ("sglang/srt/speculative/ddtree/tree.py(30): build_tree", [], [("_build_tree_kernel", 9.0)]),
+            ("sglang/srt/speculative/ddtree/verify.py(20): build_verify_inputs", [], [("_verify_kernel", 4.0)]),
+            ("sglang/srt/speculative/dflash_info.py(527): prepare_for_verify", [
+                ("sglang/srt/speculative/ddtree_verify.py(249): build_ddtree_verify_mask", [],
+                 [("_ddtree_expand_mask_kernel", 3.0)])], [("index_kernel", 2.0)])], [])], []),
+    ("sglang/srt/managers/tp_worker.py(300): forward_batch_generation", [
+        ("sglang/srt/model_executor/model_runner.py(2400): forward", [], [("target_graph_kernel", 120.0)])], []),
+    ("sglang/srt/speculative/dflash_info.py(562): verify", [
+        ("sglang/srt/speculative/ddtree_verify.py(264): sample_target_tokens_per_node", [], [("argmax_kernel", 5.0)]),
+        ("sglang/srt/speculative/ddtree/walk.py(12): accept_walk", [], [("_walk_kernel", 4.0)]),
+        ("sglang/srt/speculative/ddtree_verify.py(296): accepted_kv_and_hidden_index", [],
+         [("_compaction_kernel", 3.0)])], [("memcpy_d2h", 2.0)]),
+    ("sglang/srt/speculative/dflash_worker.py(984): _append_target_hidden_to_draft_kv", [], [("kv_append", 8.0)])],
+    [])
+
+
+def synthetic_round_trace(rounds: int, pid: int = 1, tid: int = 1) -> list[dict]:
+    """Chrome-trace events of `rounds` DDTree rounds: host frames 10 us apart, GPU kernels back to back."""
+    ev: list[dict] = []
+    state = {"t": 0.0, "gpu": 0.0, "corr": 0}
+
+    def emit(node: tuple) -> None:
+        name, children, launches = node
+        start = state["t"]
+        state["t"] += 10.0
+        for kname, us in launches:
+            state["corr"] += 1
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": tid,
+                       "ts": state["t"], "dur": 1.0, "args": {"correlation": state["corr"]}})
+            state["gpu"] = max(state["gpu"], state["t"] + 5.0)
+            ev.append({"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": 7, "ts": state["gpu"], "dur": us,
+                       "args": {"correlation": state["corr"], "device": 0, "stream": 7}})
+            state["gpu"] += us
+            state["t"] += 10.0
+        for c in children:
+            emit(c)
+        state["t"] += 10.0
+        ev.append({"ph": "X", "cat": "python_function", "name": name, "pid": pid, "tid": tid, "ts": start,
+                   "dur": state["t"] - start, "args": {}})
+
+    for _ in range(rounds):
+        emit(ROUND)
+    return ev
