@@ -648,8 +648,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("no CUDA device: nothing to run (--cpu-smoke tries it on CPU)")
         return 0
+    with tempfile.TemporaryDirectory(prefix="hbk-") as tmp:  # the smoke run's patched tree, if it builds one
+        return _run(args, seed, Path(tmp))
+
+
+def _run(args: argparse.Namespace, seed: int, tmp: Path) -> int:
     dev = torch.device("cpu" if args.cpu_smoke else "cuda")
-    tmp = Path(tempfile.mkdtemp(prefix="hbk-"))
     sg = _sglang_dir_for_smoke(tmp) if args.cpu_smoke else find_sglang_dir()
     if sg is None:
         print("FAIL setup: no sglang importable (PYTHONPATH=/tmp/overlay:/tmp/site after bench/e2e/gpu_run.sh)")
