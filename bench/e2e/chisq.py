@@ -112,7 +112,9 @@ def analyse(rs: dict, model_dir: Path) -> dict:
         if name == "agree-ar":
             base_follow = follow
         elif base_follow is not None:
-            c2, p2, dof, _ = chi2_contingency([sum(follow, []), sum(base_follow, [])])
+            a, b = sum(follow, []), sum(base_follow, [])
+            keep = [i for i in range(len(a)) if a[i] + b[i] > 0]  # position buckets past the length are empty
+            c2, p2, dof, _ = chi2_contingency([[a[i] for i in keep], [b[i] for i in keep]])
             r["vs_ar_two_sample"] = {"chi2": round(float(c2), 3), "dof": int(dof), "p": round(float(p2), 4)}
         v = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
         a = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
