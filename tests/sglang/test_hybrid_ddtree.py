@@ -326,6 +326,8 @@ BACKEND_SCRIPT = textwrap.dedent('''
     case("verify_kernel", lambda: type(gdn.kernel_dispatcher.verify_kernel).__name__)
     case("plain", lambda: check_ddtree_hybrid_backend(object.__new__(TritonAttnBackend)))
     case("gdn_triton", lambda: check_ddtree_hybrid_backend(hybrid(gdn)))
+    case("gdn_budget_128", lambda: check_ddtree_hybrid_backend(hybrid(gdn), budget=128))
+    case("gdn_budget_129", lambda: check_ddtree_hybrid_backend(hybrid(gdn), budget=129))
     case("mamba2", lambda: check_ddtree_hybrid_backend(hybrid(bare(Mamba2AttnBackend, speculative_ddtree_budget=15))))
     case("no_linear", lambda: check_ddtree_hybrid_backend(object.__new__(HybridLinearAttnBackend)))
     no_tree = GDNAttnBackend(runner(speculative_ddtree_budget=None))
@@ -390,6 +392,7 @@ def test_backend_check_accepts_attention_only_and_gdn_triton(backend_results):
     assert backend_results["plain"] == {"ok": True, "value": None}
     assert backend_results["verify_kernel"] == {"ok": True, "value": "TritonGDNKernel"}
     assert backend_results["gdn_triton"] == {"ok": True, "value": "GDNAttnBackend"}
+    assert backend_results["gdn_budget_128"] == {"ok": True, "value": "GDNAttnBackend"}
 
 
 @pytest.mark.parametrize("name,kind,needles", [
@@ -399,6 +402,7 @@ def test_backend_check_accepts_attention_only_and_gdn_triton(backend_results):
                                       "--linear-attn-decode-backend", "--linear-attn-prefill-backend"]),
     ("no_linear", "ValueError", ["HybridLinearAttnBackend has no linear_attn_backend"]),
     ("gdn_without_tree_verify", "RuntimeError", ["tree_verify is False"]),
+    ("gdn_budget_129", "ValueError", ["budget 129 is too large for a hybrid target", "--speculative-ddtree-budget <= 128"]),
 ])
 def test_backend_check_refuses_clearly(backend_results, name, kind, needles):
     r = backend_results[name]
