@@ -16,7 +16,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET][-graph][-prof]:
             hyblive: bench/e2e/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
-  ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget)
+  ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
+            arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
   -graph    CUDA graphs on (default: --disable-cuda-graph)
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
@@ -235,6 +236,17 @@ def run_one(name: str, outdir: Path) -> int:
     return 0 if res["ok"] else 1
 
 
+def config_env(cfg: dict) -> dict:
+    """Environment of one configuration's processes. `arv` (AR, verify math): SGLang's GDN decode uses the target
+    verify kernel's math instead of its packed decode kernel (bench/e2e/gdn_unpacked_decode/sitecustomize.py says
+    why); everything else is the `ar` configuration."""
+    env = dict(os.environ)
+    if cfg["algo"] == "arv":
+        hook = str(Path(__file__).resolve().parent / "gdn_unpacked_decode")
+        env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float, stagger_s: float) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     logs = outdir / "logs"
@@ -255,7 +267,7 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
             n = queue.pop(0)
             f = open(logs / f"{n}.log", "w")
             p = subprocess.Popen([sys.executable, __file__, "run", n, str(outdir)], stdout=f, stderr=subprocess.STDOUT,
-                                 start_new_session=False)
+                                 start_new_session=False, env=config_env(parse(n)))
             running[n] = (p, time.time())
             print(f"[{time.time() - t0:6.1f}s] start {n}", flush=True)
             time.sleep(stagger_s)
