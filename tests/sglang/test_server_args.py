@@ -15,19 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-TORCHVISION_STUB = '''import enum as _enum
-class InterpolationMode(_enum.Enum):
-    NEAREST = "nearest"; NEAREST_EXACT = "nearest-exact"; BILINEAR = "bilinear"; BICUBIC = "bicubic"
-    BOX = "box"; HAMMING = "hamming"; LANCZOS = "lanczos"
-class _Placeholder:
-    def __init__(self, *a, **k): pass
-    def __call__(self, *a, **k): raise RuntimeError("torchvision stand-in")
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Placeholder
-'''
+from sglang_series_helpers import sglang_subprocess_env
 
 TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=512, hidden_size=64,
               intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -80,21 +68,7 @@ def resolved(patched_tree: Path, tmp_path_factory) -> dict:
                  dflash_config={"block_size": 4, "target_layer_ids": [0, 2], "mask_token": "<|mask|>",
                                 "mask_token_id": 3})
     (drf / "config.json").write_text(json.dumps(draft))
-    stub = d / "stub"
-    for sub in ["torchvision", "torchvision/transforms", "torchvision/transforms/v2"]:
-        (stub / sub).mkdir(parents=True)
-    for f in ["torchvision/io.py", "torchvision/ops.py", "torchvision/transforms/functional.py",
-              "torchvision/transforms/v2/functional.py"]:
-        (stub / f).write_text(TORCHVISION_STUB)
-    (stub / "torchvision/__init__.py").write_text(TORCHVISION_STUB + '__version__ = "0.26.0"\nfrom . import io, ops, transforms\n')
-    (stub / "torchvision/transforms/__init__.py").write_text(TORCHVISION_STUB + "from . import functional, v2\n")
-    (stub / "torchvision/transforms/v2/__init__.py").write_text(TORCHVISION_STUB + "from . import functional\n")
-    (stub / "torchvision-0.26.0.dist-info").mkdir()
-    (stub / "torchvision-0.26.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.26.0\n")
-    (stub / "torchvision-0.26.0.dist-info/RECORD").write_text("")
-    extra = os.environ.get("DDTREE_SGLANG_DEPS", "")  # optional extra site dir with SGLang's Python deps
-    pp = os.pathsep.join(p for p in [str(patched_tree), extra, str(stub), os.environ.get("PYTHONPATH", "")] if p)
-    env = {**os.environ, "PYTHONPATH": pp, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = sglang_subprocess_env(patched_tree, d)  # patched tree, optional deps dir, torchvision stand-in
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(tgt), str(drf)], capture_output=True, text=True, env=env,
                        timeout=600, cwd=d)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
