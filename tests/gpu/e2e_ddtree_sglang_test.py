@@ -61,7 +61,8 @@ def test_ddtree_lossless_and_accepts_more_than_the_chain():
         for wl, v in wls.items():
             assert v["identical"], (name, wl, v)
     assert {"greedy-bs1", "greedy-bs4", "greedy-bs16", "stop-bs4"} <= set(s["lossless"]["agree-ddtree-b64"])
-    acc = {n: s["acceptance"][n]["greedy-bs16"]["accepted_per_round"] for n in s["acceptance"]}
+    # AR has only its T > 0 workload's (empty) acceptance entry; compare the speculative configurations.
+    acc = {n: w["greedy-bs16"]["accepted_per_round"] for n, w in s["acceptance"].items() if "greedy-bs16" in w}
     assert acc["agree-ddtree-b15"] > acc["agree-chain"]
     assert acc["agree-ddtree-b64"] > acc["agree-ddtree-b15"] >= acc["agree-ddtree-b4"] >= acc["agree-chain"]
     assert acc["agree-ddtree-b64-graph"] == acc["agree-ddtree-b64"]
