@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,23 +25,10 @@ from scipy.stats import chi2, chi2_contingency
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_driver import prompts  # noqa: E402
+from e2e_files import load_results, open_raw  # noqa: E402
 
 CYCLE = [100, 101, 102, 103]
 NEXT = {CYCLE[i]: CYCLE[(i + 1) % 4] for i in range(4)}
-
-
-def load_results(src: Path) -> dict:
-    if src.is_file():
-        td = Path(tempfile.mkdtemp())
-        with tarfile.open(src) as t:
-            t.extractall(td)
-        src = td
-    out = {}
-    for f in src.glob("*.json"):
-        d = json.loads(f.read_text())
-        if "config" in d:
-            out[d["config"]["name"]] = d
-    return out
 
 
 def target_law(model_dir: Path, temperature: float) -> torch.Tensor:
@@ -127,12 +112,7 @@ def main() -> int:
     args = sys.argv[1:]
     if len(args) not in (2, 3):
         raise SystemExit(__doc__.split("\n\n")[1])
-    raw = Path(args[0])
-    if raw.is_file():
-        td = Path(tempfile.mkdtemp())
-        with tarfile.open(raw) as t:
-            t.extractall(td)
-        raw = td
+    raw = open_raw(Path(args[0]))
     model_dir = Path(args[1]) if len(args) == 3 else raw / "models" / "agree-qwen3"
     out = analyse(load_results(raw), model_dir)
     Path(args[-1]).write_text(json.dumps(out, indent=1))

@@ -279,6 +279,18 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
         time.sleep(1)
 
 
+def first_divergences(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    """Per request pair: the first position where the two output id lists differ (a shorter list differs where
+    it ends), None when identical. Pairs beyond the shorter of `a` and `b` are not compared."""
+    res = []
+    for x, y in zip(a, b, strict=False):
+        k = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
+        if k is None and len(x) != len(y):
+            k = min(len(x), len(y))
+        res.append(k)
+    return res
+
+
 def report(outdir: Path, result: Path) -> dict:
     rs = {}
     for f in sorted(outdir.glob("*.json")):
@@ -305,12 +317,7 @@ def report(outdir: Path, result: Path) -> dict:
                 continue
             a, b = w["output_ids"], base["workloads"][wl]["output_ids"]
             same = [x == y for x, y in zip(a, b, strict=False)]
-            first_div = []
-            for x, y in zip(a, b, strict=False):
-                k = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
-                if k is None and len(x) != len(y):
-                    k = min(len(x), len(y))
-                first_div.append(k)
+            first_div = first_divergences(a, b)
             verify = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
             accepted = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
             summary["lossless"].setdefault(name, {})[wl] = {

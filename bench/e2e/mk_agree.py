@@ -17,22 +17,21 @@ Why this shape (cheap, and every number it produces is checkable):
 """
 import json
 import os
-import shutil
 import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_files import copy_tokenizer  # noqa: E402
+
 out, basedir = sys.argv[1], sys.argv[2]
 tgt, drf = os.path.join(out, "agree-qwen3"), os.path.join(out, "agree-dflash")
 os.makedirs(tgt, exist_ok=True)
 os.makedirs(drf, exist_ok=True)
-src_tok = os.path.join(basedir, "tiny-qwen3")
-for f in os.listdir(src_tok):
-    if "token" in f or f.endswith(".jinja") or f == "special_tokens_map.json":
-        shutil.copy(os.path.join(src_tok, f), tgt)
-        shutil.copy(os.path.join(src_tok, f), drf)
+copy_tokenizer(basedir, tgt, drf)
 torch.manual_seed(1)
 V, H, INTER, L_T = 512, 64, 128, 4
 CYCLE = [100, 101, 102, 103]

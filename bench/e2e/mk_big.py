@@ -35,23 +35,18 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_files import copy_tokenizer  # noqa: E402
+
 V, H, INTER, LAYERS, NQ, NKV, DH = 512, 1024, 3072, 8, 32, 8, 32
 BLOCK, TARGET_LAYER_IDS = 4, [1, 5]
 BASE_STD = 0.02
-
-
-def _tokenizer_files(basedir: Path, dst: Path) -> None:
-    src = basedir / "tiny-qwen3"
-    for f in os.listdir(src):
-        if "token" in f or f.endswith(".jinja") or f == "special_tokens_map.json":
-            shutil.copy(src / f, dst)
 
 
 def _layer_shapes(prefix: str, i: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -97,8 +92,7 @@ def build(out: Path, basedir: Path, *, beta: float, lm_std: float, seed: int) ->
             return old
     tgt.mkdir(parents=True, exist_ok=True)
     drf.mkdir(parents=True, exist_ok=True)
-    _tokenizer_files(basedir, tgt)
-    _tokenizer_files(basedir, drf)
+    copy_tokenizer(basedir, tgt, drf)
     tiny_draft = json.loads((basedir / "tiny-dflash" / "config.json").read_text())
     mask_id = tiny_draft["dflash_config"]["mask_token_id"]
     eos = json.loads((basedir / "tiny-qwen3" / "config.json").read_text())["eos_token_id"]

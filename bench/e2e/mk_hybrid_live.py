@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_files import copy_tokenizer  # noqa: E402
 
 LIVE = list(range(100, 104))  # the tokens the target can emit (few: wide relative logit gaps)
 A = 4.0  # bias axis value of every embedding
@@ -48,11 +51,7 @@ def build(out: str, basedir: str) -> tuple[str, str]:
     tgt, drf = os.path.join(out, "live-next"), os.path.join(out, "live-next-dflash")
     os.makedirs(tgt, exist_ok=True)
     os.makedirs(drf, exist_ok=True)
-    src_tok = os.path.join(basedir, "tiny-qwen3")
-    for f in os.listdir(src_tok):
-        if "token" in f or f.endswith(".jinja") or f == "special_tokens_map.json":
-            shutil.copy(os.path.join(src_tok, f), tgt)
-            shutil.copy(os.path.join(src_tok, f), drf)
+    copy_tokenizer(basedir, tgt, drf)
     mask_id = json.load(open(os.path.join(basedir, "tiny-dflash", "config.json")))["dflash_config"]["mask_token_id"]
     eos = 0
     torch.manual_seed(7)

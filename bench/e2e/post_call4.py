@@ -23,7 +23,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -31,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import chisq  # noqa: E402
 import e2e_driver  # noqa: E402
+from e2e_files import load_results, open_raw  # noqa: E402
 
 SPEED_ORDER = ("ar", "chain", "ddtree-b1", "ddtree-b4", "ddtree-b15", "ddtree-b32", "ddtree-b64")
 
@@ -268,10 +268,8 @@ def main() -> int:
     if len(raws) != 1:
         raise SystemExit(f"expected one raw tarball in {a.files}, found {[r.name for r in raws]}")
     tag = a.tag or raws[0].name[: -len("-raw.tgz")]
-    raw = Path(tempfile.mkdtemp())
-    with tarfile.open(raws[0]) as t:
-        t.extractall(raw)
-    rs = chisq.load_results(raw)
+    raw = open_raw(raws[0])
+    rs = load_results(raw)
     summary = e2e_driver.report(raw, Path(tempfile.mkdtemp()) / "report")
     res: dict = {"tag": tag, "timing": timing(a.files / f"orchestrate-{tag}.log"), "configs": {}, "report": summary}
     for n, d in sorted(rs.items()):

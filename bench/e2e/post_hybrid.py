@@ -15,39 +15,27 @@ from __future__ import annotations
 import json
 import re
 import sys
-import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_driver import first_divergences  # noqa: E402
+from e2e_files import load_results, open_raw  # noqa: E402
 
 WORKLOADS = ("greedy-bs1", "greedy-bs4", "greedy-bs16")
 
 
 def load(tgz: Path) -> tuple[dict, dict]:
-    """(configs by name, start-up errors by name) from one result tarball."""
+    """(configs by `tag:name`, start-up errors by `tag:name`) from one result tarball."""
     tag = re.sub(r"^e2e-raw-|-raw$", "", tgz.name.removesuffix(".tgz"))  # e2e-raw-hyb1.tgz / hyb-raw.tgz
-    out, errors = {}, {}
-    with tarfile.open(tgz) as tf:
-        for m in tf.getmembers():
-            name = Path(m.name).name
-            if m.isfile() and name.endswith(".json") and "/" not in m.name.lstrip("./"):
-                d = json.loads(tf.extractfile(m).read())
-                if "config" in d:
-                    out[f"{tag}:{d['config']['name']}"] = d
-            elif m.isfile() and name.endswith(".log") and "/logs/" in "/" + m.name.lstrip("./"):
-                text = tf.extractfile(m).read().decode(errors="replace")
-                hit = re.findall(r"ValueError: (DDTree budget .*?largest budget that fits is \d+[^\n]*)", text)
-                if hit:
-                    errors[f"{tag}:{name[:-4]}"] = hit[-1]
+    raw = open_raw(tgz)
+    out = {f"{tag}:{name}": d for name, d in load_results(raw).items()}
+    errors = {}
+    for log in sorted((raw / "logs").glob("*.log")):
+        hit = re.findall(r"ValueError: (DDTree budget .*?largest budget that fits is \d+[^\n]*)",
+                         log.read_text(errors="replace"))
+        if hit:
+            errors[f"{tag}:{log.stem}"] = hit[-1]
     return out, errors
-
-
-def first_divergences(a: list, b: list) -> list:
-    res = []
-    for x, y in zip(a, b, strict=True):
-        k = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
-        if k is None and len(x) != len(y):
-            k = min(len(x), len(y))
-        res.append(k)
-    return res
 
 
 def main() -> int:
@@ -78,6 +66,8 @@ def main() -> int:
                         b = ok[bkey]["workloads"].get(wl, {}).get("output_ids")
                         if a is None or b is None:
                             continue
+                        if len(a) != len(b):
+                            raise SystemExit(f"{key} vs {bkey} {wl}: {len(a)} vs {len(b)} requests")
                         fd = first_divergences(a, b)
                         rows.append({"config": key, "baseline": bkey, "workload": wl, "requests": len(a),
                                      "identical_requests": sum(k is None for k in fd),

@@ -24,10 +24,11 @@ import gzip
 import json
 import statistics
 import sys
-import tarfile
-import tempfile
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_files import open_raw  # noqa: E402
 
 # (category, test on (file, function)); the first match from the innermost frame outwards wins.
 RULES: list[tuple[str, object]] = [
@@ -281,15 +282,6 @@ def unprofiled_round_us(res: dict, bs: int) -> float | None:
         if rounds:
             per.append(r["seconds"] * 1e6 / rounds)
     return round(statistics.median(per), 1) if per else None
-
-
-def open_raw(src: Path) -> Path:
-    if src.is_file():
-        td = Path(tempfile.mkdtemp())
-        with tarfile.open(src) as t:
-            t.extractall(td)
-        return td
-    return src
 
 
 def run(src: Path) -> dict:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,19 +17,11 @@ from transformers import Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_driver import prompts  # noqa: E402
+from e2e_files import load_results  # noqa: E402
 
 
 def main() -> int:
-    src = Path(sys.argv[1])
-    if src.is_file():
-        td = Path(tempfile.mkdtemp())
-        with tarfile.open(src) as t:
-            t.extractall(td)
-        src = td
-    rs = {}
-    for f in src.glob("rand-*.json"):
-        d = json.loads(f.read_text())
-        rs[d["config"]["name"]] = d
+    rs = load_results(Path(sys.argv[1]), "rand-*.json")
     m = Qwen3ForCausalLM.from_pretrained(str(Path(sys.argv[2]) / "tiny-qwen3"), torch_dtype=torch.float32).eval()
     P = prompts(16)
     out = []

@@ -1,0 +1,44 @@
+"""Files of the e2e runs, read and written the same way by every script in bench/e2e.
+
+- A run's raw results come back from the device as a tarball (`gpu_run.sh`: TAG-raw.tgz) or sit in a directory:
+  one JSON per configuration (with a "config" key), plus logs/ and sometimes models/ and prof/.
+- Every model maker reuses the tokenizer that shared/gpu-e2e/mk_models.py writes into BASEDIR/tiny-qwen3.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+
+def open_raw(src: Path) -> Path:
+    """A directory holding the raw results: `src` itself, or a fresh temporary copy of the tarball `src`."""
+    src = Path(src)
+    if not src.is_file():
+        return src
+    td = Path(tempfile.mkdtemp())
+    with tarfile.open(src) as t:
+        t.extractall(td)
+    return td
+
+
+def load_results(src: Path, pattern: str = "*.json") -> dict:
+    """Configuration name -> its result JSON, from a raw-results directory or tarball."""
+    out = {}
+    for f in open_raw(src).glob(pattern):
+        d = json.loads(f.read_text())
+        if "config" in d:
+            out[d["config"]["name"]] = d
+    return out
+
+
+def copy_tokenizer(basedir: Path, *dests: Path) -> None:
+    """Copy the tokenizer of BASEDIR/tiny-qwen3 (mk_models.py's output) into each of `dests`."""
+    src = Path(basedir) / "tiny-qwen3"
+    for f in os.listdir(src):
+        if "token" in f or f.endswith(".jinja") or f == "special_tokens_map.json":
+            for dst in dests:
+                shutil.copy(src / f, dst)
