@@ -79,16 +79,21 @@ def check_parent_order(parent: torch.Tensor) -> None:
         raise ValueError(f"parent[{b}, {i}] = {int(parent[b, i])}: parents must precede children (or be -1)")
 
 
-def _check_conv_args(x, parent, conv_state, cache_slot, weight, bias):
-    if x.dim() != 3:
-        raise ValueError("x must be [B, N1, D]")
-    batch, n1, dim = x.shape
+def _check_tree_batch(parent, cache_slot, batch: int, n1: int) -> None:
+    """The arguments every recurrent step shares: the tree ``parent`` [B, N1] and each request's ``cache_slot``."""
     if parent.shape != (batch, n1):
         raise ValueError(f"parent must be [B={batch}, N1={n1}]")
     if not 1 <= n1 <= MAX_TREE_NODES:
         raise ValueError(f"N1 must be in [1, {MAX_TREE_NODES}]")
     if cache_slot.shape != (batch,):
         raise ValueError(f"cache_slot must be [B={batch}]")
+
+
+def _check_conv_args(x, parent, conv_state, cache_slot, weight, bias):
+    if x.dim() != 3:
+        raise ValueError("x must be [B, N1, D]")
+    batch, n1, dim = x.shape
+    _check_tree_batch(parent, cache_slot, batch, n1)
     if weight.dim() != 2 or weight.shape[0] != dim or weight.shape[1] < 2:
         raise ValueError(f"weight must be [D={dim}, K_conv >= 2]")
     k_conv = weight.shape[1]
@@ -110,12 +115,7 @@ def _check_gdn_args(q, k, v, g, beta, parent, ssm_state, cache_slot):
         raise ValueError(f"HV={hv} must be a multiple of H={heads}")
     if g.shape != (batch, n1, hv) or beta.shape != (batch, n1, hv):
         raise ValueError(f"g and beta must be [B={batch}, N1={n1}, HV={hv}]")
-    if parent.shape != (batch, n1):
-        raise ValueError(f"parent must be [B={batch}, N1={n1}]")
-    if not 1 <= n1 <= MAX_TREE_NODES:
-        raise ValueError(f"N1 must be in [1, {MAX_TREE_NODES}]")
-    if cache_slot.shape != (batch,):
-        raise ValueError(f"cache_slot must be [B={batch}]")
+    _check_tree_batch(parent, cache_slot, batch, n1)
     if ssm_state.dim() != 4 or tuple(ssm_state.shape[1:]) != (hv, vdim, kdim):
         raise ValueError(f"ssm_state must be [slots, HV={hv}, V={vdim}, K={kdim}]")
     return batch, n1, heads, hv, kdim, vdim
