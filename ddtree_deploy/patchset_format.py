@@ -444,8 +444,9 @@ SCHEMA: dict[str, Field] = {
 }
 
 
-def read_limited(path: Path, *, what: str) -> bytes:
-    """Read a regular file that is not a symlink and not over the size limit."""
+def check_regular_file(path: Path, *, what: str) -> None:
+    """Refuse (InputError naming `what` and the path) a missing file, a symlink, anything but a regular file, and a
+    file over the size limit: a patch set is untrusted input and may not reach outside itself."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -453,9 +454,14 @@ def read_limited(path: Path, *, what: str) -> bytes:
     if stat.S_ISLNK(st.st_mode):
         raise InputError(f"{what} {path} is a symlink: refused")
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{what} {path} is not a regular file")
+        raise InputError(f"{what} {path} is not a regular file: refused")
     if st.st_size > MAX_FILE_BYTES:
         raise InputError(f"{what} {path} is {st.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit per file")
+
+
+def read_limited(path: Path, *, what: str) -> bytes:
+    """Read a regular file that is not a symlink and not over the size limit."""
+    check_regular_file(path, what=what)
     return path.read_bytes()
 
 
@@ -626,13 +632,7 @@ def _walk_runtime(source: Path, src: str) -> Iterator[tuple[str, Path]]:
             path = base / name
             if name.endswith(RUNTIME_SKIP_SUFFIXES):
                 continue
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                raise InputError(f"{src}: runtime file {path} is a symlink: refused")
-            if not stat.S_ISREG(st.st_mode):
-                raise InputError(f"{src}: runtime file {path} is not a regular file: refused")
-            if st.st_size > MAX_FILE_BYTES:
-                raise InputError(f"{src}: runtime file {path} is {st.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit")
+            check_regular_file(path, what=f"{src}: runtime file")
             yield path.relative_to(source).as_posix(), path
 
 
