@@ -373,8 +373,8 @@ def _collect(stage: Path, patchset: PatchSet, base: BaseSource, base_bytes: dict
                 mode = 0o755 if final_mode[path] == MODE_EXEC else 0o644
             if content != base_bytes[path] or mode != base.mode(path):
                 files.append(OverlayFile(path=path, content=content, mode=mode, action="replace"))
-    if patchset.runtime:
-        for dest, src in patchset.runtime.files:
+    for vendored in patchset.vendored:
+        for dest, src in vendored.files:
             data = read_limited(src, what="runtime file")
             mode = 0o755 if os.stat(src).st_mode & 0o111 else 0o644
             files.append(OverlayFile(path=dest, content=data, mode=mode, action="replace" if base.has(dest) else "add"))

@@ -218,12 +218,11 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) 
             kind, path = line.split("\t", 1)
             if kind != "A":
                 touched.add(path)
-    if patchset.runtime:
-        vendored = {d for d, _ in patchset.runtime.files}
-        clash = sorted(touched & vendored)
+    for vendored in patchset.vendored:
+        clash = sorted(touched & {d for d, _ in vendored.files})
         if clash:
-            raise InputError(f"{repo}: commits change {clash[0]}, which the runtime vendors from "
-                             f"{patchset.runtime.source}; edit it there instead")
+            raise InputError(f"{repo}: commits change {clash[0]}, which the patch set vendors from "
+                             f"{vendored.source}; edit it there instead")
     base_files: dict[str, str] = {}
     for path in sorted(touched):
         blob = git(repo, "cat-file", "blob", f"{base_commit}:{path}", check=False)

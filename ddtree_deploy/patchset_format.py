@@ -358,7 +358,13 @@ class PatchSet:
     requires: dict[str, str]
     patches: tuple[PatchFile, ...]
     runtime: Runtime | None
+    vendor: tuple[Runtime, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def vendored(self) -> tuple[Runtime, ...]:
+        """Every directory the overlay carries whole: the runtime first, then the ``vendor`` entries."""
+        return ((self.runtime,) if self.runtime else ()) + self.vendor
 
     @property
     def dir(self) -> Path:
@@ -396,6 +402,8 @@ class PatchSet:
             "runtime": None if self.runtime is None else {
                 "source": str(self.runtime.source), "dest": self.runtime.dest,
                 "files": [dest for dest, _ in self.runtime.files]},
+            "vendor": [{"source": str(v.source), "dest": v.dest, "files": [dest for dest, _ in v.files]}
+                       for v in self.vendor],
         }
 
 
@@ -441,6 +449,11 @@ SCHEMA: dict[str, Field] = {
         "source": Field("str", help="directory of vendored files, relative to patchset.yaml"),
         "dest": Field("str", help="where they go in the package, e.g. sglang/srt/speculative/ddtree"),
     }),
+    # More directories vendored whole, like the runtime (e.g. integration code shared by several bases).
+    "vendor": Field("list", default=list, items=Field("mapping", fields={
+        "source": Field("str", required=True, help="directory of vendored files, relative to patchset.yaml"),
+        "dest": Field("str", required=True, help="where they go in the package"),
+    })),
 }
 
 
@@ -587,34 +600,37 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
     ps = PatchSet(name=data["name"], version=data["version"], description=data["description"], yaml_path=yaml_path,
                   base_package=package, base_version=base["version"], base_files=files,
                   requires={k: str(v) for k, v in data["requires"].items()}, patches=tuple(patches),
-                  runtime=_load_runtime(data["runtime"], ps_dir, package, src), raw=doc)
+                  runtime=_load_runtime(data["runtime"], ps_dir, package, src),
+                  vendor=tuple(_load_runtime(v, ps_dir, package, src, field=f"vendor[{i}]")
+                               for i, v in enumerate(data["vendor"])), raw=doc)
     _cross_check(ps, src)
     return ps
 
 
-def _load_runtime(spec: dict[str, Any], ps_dir: Path, package: str, src: str) -> Runtime | None:
+def _load_runtime(spec: dict[str, Any], ps_dir: Path, package: str, src: str, *,
+                  field: str = "runtime") -> Runtime | None:
     if not spec:
         return None
     for key in ("source", "dest"):
         if not spec.get(key):
-            raise InputError(f"{src}: missing required field 'runtime.{key}'")
+            raise InputError(f"{src}: missing required field '{field}.{key}'")
     dest = spec["dest"].rstrip("/")
-    check_path_in_package(dest, package, what=f"{src}: field 'runtime.dest'")
+    check_path_in_package(dest, package, what=f"{src}: field '{field}.dest'")
     if Path(spec["source"]).is_absolute():
-        raise InputError(f"{src}: field 'runtime.source': must be relative to {PATCHSET_FILE}, got {spec['source']!r}")
+        raise InputError(f"{src}: field '{field}.source': must be relative to {PATCHSET_FILE}, got {spec['source']!r}")
     family = ps_dir.parent.resolve()  # patches/<name>/: the runtime may be shared by the bases of one patch set
     source = (ps_dir / spec["source"]).resolve()
     if source != family and family not in source.parents:
-        raise InputError(f"{src}: field 'runtime.source': {spec['source']!r} leaves {family} (the patch set's folder)")
+        raise InputError(f"{src}: field '{field}.source': {spec['source']!r} leaves {family} (the patch set's folder)")
     if not source.is_dir():
-        raise InputError(f"{src}: field 'runtime.source': {source} is not a directory")
+        raise InputError(f"{src}: field '{field}.source': {source} is not a directory")
     files: list[tuple[str, Path]] = []
     for rel, path in _walk_runtime(source, src):
         out_path = f"{dest}/{rel}"
-        check_path_in_package(out_path, package, what=f"{src}: runtime file")
+        check_path_in_package(out_path, package, what=f"{src}: {field} file")
         files.append((out_path, path))
     if not files:
-        raise InputError(f"{src}: field 'runtime.source': {source} has no files to vendor")
+        raise InputError(f"{src}: field '{field}.source': {source} has no files to vendor")
     return Runtime(source=source, dest=dest, files=tuple(sorted(files)))
 
 
@@ -648,8 +664,14 @@ def _cross_check(ps: PatchSet, src: str) -> None:
             elif f.path not in created and f.path not in ps.base_files:
                 raise InputError(f"{src}: field 'base.files': no sha256 for {f.path}, which {p.name} changes "
                                  "(every base file the series touches needs one; `patchset refresh` writes them)")
-    if ps.runtime:
-        clash = sorted(set(ps.touched_files()) & {d for d, _ in ps.runtime.files})
-        if clash:
-            raise InputError(f"{src}: field 'runtime.dest': {clash[0]} is both patched by the series and vendored "
-                             "by the runtime; keep one owner per file")
+    owners: dict[str, str] = {}
+    for i, v in enumerate(ps.vendored):
+        name = "runtime" if (ps.runtime is not None and i == 0) else f"vendor[{i - (ps.runtime is not None)}]"
+        for dest, _ in v.files:
+            if dest in owners:
+                raise InputError(f"{src}: field '{name}.dest': {dest} is vendored twice ({owners[dest]} and {name})")
+            owners[dest] = name
+    clash = sorted(set(ps.touched_files()) & set(owners))
+    if clash:
+        raise InputError(f"{src}: field '{owners[clash[0]]}.dest': {clash[0]} is both patched by the series and "
+                         "vendored; keep one owner per file")

@@ -62,7 +62,7 @@ def list_cmd(root: Optional[Path] = RootOpt, as_json: bool = JsonOpt) -> None:
             ps = load_patchset(name, root=root)
             rows.append({"name": name, "ok": True, "version": ps.version,
                          "base": f"{ps.base_package} {ps.base_version}", "patches": len(ps.patches),
-                         "runtime_files": len(ps.runtime.files) if ps.runtime else 0, "path": str(ps.yaml_path)})
+                         "runtime_files": sum(len(v.files) for v in ps.vendored), "path": str(ps.yaml_path)})
         except DeployError as exc:
             rows.append({"name": name, "ok": False, "error": str(exc)})
     if as_json:
@@ -71,7 +71,7 @@ def list_cmd(root: Optional[Path] = RootOpt, as_json: bool = JsonOpt) -> None:
     if not rows:
         out.print(f"no patch sets under {root}")
         return
-    out.print(table(f"patch sets in {root}", ["name", "version", "base", "patches", "runtime files", "problem"],
+    out.print(table(f"patch sets in {root}", ["name", "version", "base", "patches", "vendored files", "problem"],
                     [[r["name"], r.get("version"), r.get("base"), r.get("patches"), r.get("runtime_files"),
                       r.get("error", "")] for r in rows]))
 
@@ -92,8 +92,9 @@ def show_cmd(name: str = NameArg, root: Optional[Path] = RootOpt, as_json: bool 
     out.print(table("series (applied in order, git apply -p1, no fuzz)", ["#", "patch", "subject", "files", "+", "-"],
                     [[i, s["name"], s["subject"], "\n".join(s["files"]), s["added"], s["removed"]]
                      for i, s in enumerate(info["series"], 1)]))
-    if ps.runtime:
-        out.print(f"runtime: {len(ps.runtime.files)} file(s) from {ps.runtime.source} → {ps.runtime.dest}/")
+    for i, v in enumerate(ps.vendored):
+        what = "runtime" if ps.runtime is not None and i == 0 else "vendored"
+        out.print(f"{what}: {len(v.files)} file(s) from {v.source} → {v.dest}/")
 
 
 @app.command("check")

@@ -9,7 +9,9 @@ Contract: docs/runtime-api.md.
 """
 from __future__ import annotations
 
+from .commit import gather_path, path_first_slot_order
 from .compaction import kv_compaction
+from .mask import mask_numel, mask_offsets, write_verify_mask
 from .selftest import self_test
 from .topk import draft_topk
 from .tree import build_tree
@@ -43,12 +45,17 @@ __all__ = [
     "check_parent_order",
     "commit_tree_states",
     "draft_topk",
+    "gather_path",
     "kv_compaction",
+    "mask_numel",
+    "mask_offsets",
     "max_budget_for_bytes",
     "max_budget_for_memory",
+    "path_first_slot_order",
     "per_node_state_bytes",
     "sample_target_tokens",
     "self_test",
     "tree_causal_conv1d",
     "tree_gated_delta_rule",
+    "write_verify_mask",
 ]

@@ -1,0 +1,175 @@
+"""DDTree's server flags on the spec-v2 DFlash worker: validation, widths, and what is refused by default.
+
+DDTree keeps DFLASH's whole code path (draft worker, draft CUDA graphs, aux hidden capture, KV sizing, request
+checks) and changes only the verify step, so it is a flag under ``--speculative-algorithm DFLASH`` rather than a
+new algorithm name that every ``is_dflash()`` site would have to learn.
+
+Widths: ``speculative_num_draft_tokens`` is what the target side reads (attention-backend buffers, the target's
+TARGET_VERIFY CUDA graphs, the logits buffer, the scheduler's KV reservation): it becomes the verify width
+``budget + 1``. The drafter's block size moves to ``speculative_dflash_block_size``; the draft runner's graphs are
+captured at that width through the target-verify width hook (``spec_info.py``), and the worker drafts that many.
+
+Proven on a GPU here (the H200, real server): the triton attention backend with page size 1, dense (non-hybrid)
+targets, TP 1, greedy and T > 0, overlap scheduling on and off, CUDA graphs on and off. Everything else that is
+wired but not proven is refused at start-up with the reason unless ``--speculative-ddtree-allow-unproven`` is
+given; what is not wired at all is refused always.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+#: The verify width (budget + 1) bounds the tree mask and the CUDA-graph buffers.
+MAX_VERIFY_WIDTH = 1024
+#: The runtime builds trees up to this depth (draft block size - 1).
+MAX_DEPTH = 31
+#: Attention backends the target may use with DDTree, and whether each was proven on a GPU here.
+PROVEN_BACKENDS = ("triton",)
+WIRED_UNPROVEN_BACKENDS = {
+    "flashinfer": "FlashInfer reads the tree through spec_info.custom_mask in plan(); not run on a GPU here "
+                  "(the offline bundle ships a FlashInfer stand-in)",
+    "fa3": "FA3 runs tree verify as its topk > 1 cascade; not run on a GPU here (the offline bundle has no FA3 "
+           "kernel library)",
+}
+UNPROVEN_FLAG = "--speculative-ddtree-allow-unproven"
+
+
+def _view(server_args: Any) -> Any:
+    """The resolving configuration (overlaid declarations) where the base has one, else the args themselves."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+    except ImportError:  # bases without the declaration overlay
+        return server_args
+    return resolved_view(server_args)
+
+
+def parse_budget(value: Any) -> Optional[int]:
+    """The budget as an int (None = DDTree off); a clear ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"--speculative-ddtree-budget must be a positive integer, got {value!r}.")
+    try:
+        budget = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"--speculative-ddtree-budget must be a positive integer, got {value!r}.") from None
+    if budget < 1:
+        raise ValueError(f"--speculative-ddtree-budget must be a positive integer, got {value!r}.")
+    if budget + 1 > MAX_VERIFY_WIDTH:
+        raise ValueError(f"--speculative-ddtree-budget={budget} is too large: the verify width (budget + 1) must "
+                         f"be <= {MAX_VERIFY_WIDTH}.")
+    return budget
+
+
+def check_algorithm(server_args: Any) -> None:
+    """The budget only means something under DFLASH: DDTree builds its tree from the DFlash drafter."""
+    if getattr(server_args, "speculative_ddtree_budget", None) is None:
+        return
+    if server_args.speculative_algorithm != "DFLASH":
+        raise ValueError("--speculative-ddtree-budget requires --speculative-algorithm DFLASH (DDTree builds its "
+                         "draft tree from the DFlash drafter), got speculative_algorithm="
+                         f"{server_args.speculative_algorithm!r}.")
+
+
+def pre_resolve(server_args: Any) -> Optional[int]:
+    """Before DFLASH resolves its block size: validate the budget and get the derived width out of the way.
+
+    Returns the budget, or None when DDTree is off (then nothing changes). On re-resolution of args that were
+    already resolved (width = budget + 1 and the block size recorded), the block size is handed back to DFLASH.
+    """
+    budget = parse_budget(getattr(server_args, "speculative_ddtree_budget", None))
+    if budget is None:
+        return None
+    server_args.speculative_ddtree_budget = budget
+    if server_args.speculative_num_draft_tokens is not None:
+        already = (server_args.speculative_dflash_block_size is not None
+                   and int(server_args.speculative_num_draft_tokens) == budget + 1)
+        if not already:
+            raise ValueError(
+                "With --speculative-ddtree-budget the verify width is budget + 1 and is set automatically; do not "
+                "pass --speculative-num-draft-tokens. Set the drafter's block size with "
+                "--speculative-dflash-block-size (or let the draft config decide). Got "
+                f"speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
+                f"speculative_ddtree_budget={budget}.")
+        server_args.speculative_num_draft_tokens = int(server_args.speculative_dflash_block_size)
+    return budget
+
+
+def refusals(server_args: Any, block_size: int) -> tuple[list[str], list[str]]:
+    """(never supported, supported but not proven on a GPU here): reasons, each naming the flag."""
+    view = _view(server_args)
+    never: list[str] = []
+    unproven: list[str] = []
+    if block_size < 2:
+        never.append(f"a draft block size of {block_size} (DDTree needs at least one draft depth: block size >= 2)")
+    if block_size - 1 > MAX_DEPTH:
+        never.append(f"a draft block size of {block_size} (the DDTree runtime builds trees up to depth {MAX_DEPTH}, "
+                     f"i.e. block size <= {MAX_DEPTH + 1})")
+    backends = {k: getattr(view, k, None) for k in ("attention_backend", "prefill_attention_backend",
+                                                    "decode_attention_backend")}
+    for key, value in backends.items():
+        if value is None or value in PROVEN_BACKENDS:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value in WIRED_UNPROVEN_BACKENDS:
+            unproven.append(f"{flag} {value}: {WIRED_UNPROVEN_BACKENDS[value]}")
+        else:
+            never.append(f"{flag} {value} (no tree-mask support for DDTree; use --attention-backend triton)")
+    if int(getattr(view, "page_size", None) or 1) != 1:
+        never.append(f"--page-size {view.page_size} (DDTree commits the accepted path by reordering the verify "
+                     "range's KV slots, which needs --page-size 1)")
+    if getattr(view, "enable_deterministic_inference", False):
+        never.append("--enable-deterministic-inference (its triton kernel reads the context columns of the mask, "
+                     "which DDTree does not write)")
+    if getattr(view, "speculative_draft_window_size", None) is not None:
+        unproven.append("--speculative-draft-window-size (the compact draft cache with a tree is not run on a GPU "
+                        "here)")
+    if getattr(view, "enable_two_batch_overlap", False):
+        never.append("--enable-two-batch-overlap")
+    if int(getattr(view, "tp_size", 1) or 1) > 1:
+        unproven.append(f"--tp-size {view.tp_size} (the TP top-k gather is tested on CPU ranks only)")
+    grammar = getattr(view, "grammar_backend", None)
+    if grammar not in (None, "none"):
+        unproven.append(f"--grammar-backend {grammar} (constrained decoding over a tree is wired but not run on a "
+                        "GPU here; pass --grammar-backend none)")
+    if getattr(view, "speculative_adaptive", False):
+        never.append("--speculative-adaptive")
+    return never, unproven
+
+
+def post_resolve(server_args: Any, budget: int) -> None:
+    """After DFLASH resolved the block size: check what DDTree supports, then set the two widths."""
+    block_size = int(server_args.speculative_num_draft_tokens)
+    never, unproven = refusals(server_args, block_size)
+    allow = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
+    if never:
+        raise ValueError("DDTree (--speculative-ddtree-budget) does not support: " + "; ".join(never) + ".")
+    if unproven and not allow:
+        raise ValueError("DDTree (--speculative-ddtree-budget) is not proven with: " + "; ".join(unproven)
+                         + f". Pass {UNPROVEN_FLAG} to run it anyway.")
+    if unproven:
+        logger.warning("DDTree runs with configurations not proven on a GPU (%s): %s", UNPROVEN_FLAG,
+                       "; ".join(unproven))
+    server_args.speculative_dflash_block_size = block_size
+    server_args.speculative_num_draft_tokens = budget + 1
+    logger.info("DDTree enabled: budget=%d, verify width=%d, draft block size=%d.", budget, budget + 1, block_size)
+
+
+def enabled(server_args: Any) -> bool:
+    return getattr(server_args, "speculative_ddtree_budget", None) is not None
+
+
+def draft_width(spec: Any) -> Optional[int]:
+    """The draft runner's per-request width under DDTree (the block size), or None when DDTree is off."""
+    if getattr(spec, "speculative_ddtree_budget", None) is None:
+        return None
+    block = getattr(spec, "speculative_dflash_block_size", None)
+    return int(block) if block is not None else None
+
+
+def kv_reservation(committed_len: int, block_size: int, verify_width: int) -> int:
+    """KV positions a request needs reserved for its next round: the draft writes ``block_size`` positions from
+    the (up to one round stale) committed length, the verify ``verify_width``; a round commits at most a block."""
+    return int(committed_len) + int(block_size) + max(int(block_size), int(verify_width))

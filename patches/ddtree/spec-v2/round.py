@@ -1,0 +1,259 @@
+"""A DDTree decode round on the spec-v2 DFlash worker, from the draft forward's output to the scheduler's result.
+
+The base worker prepares the draft block (``[bonus, MASK x L]`` at positions ``prefix + j``) and runs the drafter,
+unchanged. From there DDTree differs from the chain:
+
+1. **Tree** (:mod:`.draft_topk`): per-depth top-k, best-first tree of ``budget`` nodes, ancestor masks; read from
+   the draft CUDA graph's buffers when the draft ran as a graph, else built eagerly.
+2. **Verify**: the N1 = budget + 1 nodes go into KV slots ``req_to_token[prefix : prefix + N1]`` (reserved by the
+   scheduler, see ``config.kv_reservation``) at depth positions, with the ancestor mask written into the target
+   backend's own verify-mask buffer (tree block only where the backend skips the context columns); one
+   TARGET_VERIFY forward, eager or as the target's CUDA graph.
+3. **Walk**: one target token per node (:mod:`.sampling`), then the runtime's acceptance walk.
+4. **Commit**: the accepted path's slots move to the front of the verify range by permuting ``req_to_token``
+   (no KV copy); the drafter's context gets the target hidden states of exactly those nodes at positions
+   ``prefix + j``. The result has the chain's shape (``block_size`` tokens per request, ``accept_lens``), so the
+   overlap scheduler, its future map and its stop-token handling are the base's.
+
+Nothing here waits for the GPU: sizes come from host bounds the scheduler already keeps (the committed lengths,
+at most one round stale, plus one block), never from device values.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+import torch
+
+from .compat import base_name
+from .config import PROVEN_BACKENDS, UNPROVEN_FLAG, WIRED_UNPROVEN_BACKENDS, enabled
+from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
+from .sampling import target_tokens_per_node
+from .verify_input import DDTreeVerifyInput
+
+logger = logging.getLogger(__name__)
+
+#: Attention-backend classes -> the name users pass to --attention-backend.
+BACKEND_CLASSES = {"TritonAttnBackend": "triton", "FlashInferAttnBackend": "flashinfer",
+                   "FlashAttentionBackend": "fa3"}
+#: Backends that read the context columns of the mask (so DDTree must write them as visible).
+READS_CONTEXT_COLUMNS = frozenset({"flashinfer"})
+
+
+def full_attention_backend(backend: Any) -> Any:
+    """The backend that runs full attention (hybrid wrappers keep it as ``full_attn_backend``)."""
+    for _ in range(4):
+        inner = getattr(backend, "full_attn_backend", None)
+        if inner is None:
+            break
+        backend = inner
+    return backend
+
+
+class DDTreeRound:
+    """DDTree state of one DFlash worker: widths, the draft tree builder, and the decode round after the draft."""
+
+    def __init__(self, server_args: Any, *, block_size: int):
+        self.budget = int(server_args.speculative_ddtree_budget)
+        self.n1 = self.budget + 1
+        self.block = int(block_size)
+        self.depth = self.block - 1
+        self.allow_unproven = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
+        self.backend_name = "triton"
+        self.prefix_cols = False
+        self.builder: Optional[DraftTreeBuilder] = None  # the one folded into the draft graph, if any
+        self._eager: Optional[DraftTreeBuilder] = None
+        self.rounds = 0
+
+    @classmethod
+    def for_worker(cls, server_args: Any, *, block_size: int) -> Optional["DDTreeRound"]:
+        """None when DDTree is off; else the round state, after the worker-level start-up checks."""
+        if not enabled(server_args):
+            return None
+        if int(server_args.speculative_num_draft_tokens) != int(server_args.speculative_ddtree_budget) + 1:
+            raise RuntimeError("DDTree verify width must be budget + 1: speculative_num_draft_tokens="
+                               f"{server_args.speculative_num_draft_tokens}, budget="
+                               f"{server_args.speculative_ddtree_budget} (were the server arguments resolved?)")
+        return cls(server_args, block_size=block_size)
+
+    # -- start-up ------------------------------------------------------------------------------------------------
+    def check_target(self, model_runner: Any, *, is_hybrid: bool) -> None:
+        """Refuse, at worker start, what the server arguments could not see: the backend class actually built, a
+        hybrid linear-attention target, sliding-window attention in the target."""
+        problems = []
+        unproven = []
+        backend = full_attention_backend(model_runner.attn_backend)
+        cls_name = type(backend).__name__
+        name = BACKEND_CLASSES.get(cls_name)
+        if name is None:
+            problems.append(f"the target's attention backend {cls_name} (DDTree needs a tree mask: use "
+                            "--attention-backend triton)")
+        elif name == "fa3":
+            problems.append("the fa3 attention backend (its tree cascade is not wired for DDTree yet: use "
+                            "--attention-backend triton)")
+        elif name not in PROVEN_BACKENDS:
+            unproven.append(f"the {name} attention backend ({WIRED_UNPROVEN_BACKENDS[name]})")
+        if is_hybrid:
+            problems.append("hybrid linear-attention / Mamba targets (this patch set does not branch their "
+                            "recurrent state over a tree yet)")
+        swa = getattr(model_runner, "sliding_window_size", None)
+        if swa is not None and int(swa) > 0:
+            problems.append(f"a target with sliding-window attention (window {swa}): the triton kernel reads the "
+                            "mask at window offsets that DDTree does not write")
+        if problems:
+            raise ValueError("DDTree (--speculative-ddtree-budget) does not support " + "; ".join(problems) + ".")
+        if unproven and not self.allow_unproven:
+            raise ValueError("DDTree (--speculative-ddtree-budget) is not proven with " + "; ".join(unproven)
+                             + f". Pass {UNPROVEN_FLAG} to run it anyway.")
+        self.backend_name = name
+        self.prefix_cols = name in READS_CONTEXT_COLUMNS
+
+    def draft_builder(self, *, lm_head: Any, vocab_size: int, max_bs: int, tp_group: Any,
+                      device: Any) -> DraftTreeBuilder:
+        """The builder folded into the draft CUDA graph (warmed up here, before any capture)."""
+        self.builder = DraftTreeBuilder(lm_head=lm_head, block_size=self.block, budget=self.budget,
+                                        vocab_size=vocab_size, max_bs=max_bs, tp_group=tp_group, device=device)
+        self.builder.warm_up(device)
+        logger.info("DDTree draft top-k and tree build folded into the draft cuda graph (budget=%d, k=%d, "
+                    "max_bs=%d).", self.budget, self.builder.k, max_bs)
+        return self.builder
+
+    def _eager_builder(self, *, lm_head: Any, vocab_size: int, tp_group: Any, device: Any) -> DraftTreeBuilder:
+        if self._eager is None:
+            self._eager = DraftTreeBuilder(lm_head=lm_head, block_size=self.block, budget=self.budget,
+                                           vocab_size=vocab_size, max_bs=0, tp_group=tp_group, device=device)
+        return self._eager
+
+    # -- the round -----------------------------------------------------------------------------------------------
+    def draft_tree(self, *, draft_out: Any, root_tokens: torch.Tensor, from_graph: bool, lm_head: Any,
+                   vocab_size: int, tp_group: Any, device: Any) -> DraftTreeOut:
+        bs = int(root_tokens.shape[0])
+        if from_graph and self.builder is not None:
+            return self.builder.read(bs)
+        hidden = draft_out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH draft model returned no hidden states.")
+        return self._eager_builder(lm_head=lm_head, vocab_size=vocab_size, tp_group=tp_group,
+                                   device=device).build(hidden, root_tokens)
+
+    def verify_mask(self, attn_backend: Any, bs: int, numel: int, device: Any) -> torch.Tensor:
+        """Where this round's flat mask goes: the backend's own verify-mask buffer when it has one that fits (the
+        target graph then reads it in place; no copy), else a fresh tensor. Unwritten cells are never read."""
+        vm = getattr(full_attention_backend(attn_backend), "verify_mask", None)
+        buf = getattr(vm, "buffer", None) if vm is not None else None
+        if buf is not None and bs <= int(vm.max_bs) and buf.numel() >= numel:
+            return buf[:numel]
+        return torch.empty((numel,), dtype=torch.uint8, device=device)
+
+    def finish_round(self, worker: Any, *, batch: Any, draft_input: Any, draft_out: Any, block_ids: torch.Tensor,
+                     positions_2d: torch.Tensor, draft_loc_2d: torch.Tensor, lm_head: Any,
+                     on_publish: Optional[Callable] = None, grammar_barrier: Optional[Callable] = None,
+                     from_graph: bool = False) -> Any:
+        rt = runtime()
+        ForwardMode = base_name("ForwardMode")  # noqa: N806
+        CaptureHiddenMode = base_name("CaptureHiddenMode")  # noqa: N806
+        bs = int(block_ids.shape[0])
+        n1, block = self.n1, self.block
+        device = worker.device
+        prefix_lens = batch.seq_lens
+        model_runner = worker.model_runner
+        req_to_token = model_runner.req_to_token_pool.req_to_token
+        vocab = int(model_runner.model_config.vocab_size)
+        tp_group = None
+        if int(getattr(worker.ps, "tp_size", 1) or 1) > 1:
+            from sglang.srt.distributed import get_tp_group
+
+            tp_group = get_tp_group()
+
+        # 1) the tree
+        out = self.draft_tree(draft_out=draft_out, root_tokens=block_ids[:, 0], from_graph=from_graph,
+                              lm_head=lm_head, vocab_size=vocab, tp_group=tp_group, device=device)
+        tree = out.tree
+        positions = prefix_lens.to(torch.int64)[:, None] + tree.depth.to(torch.int64)
+        grammar_tree = None
+        if batch.has_grammar:  # before the verify launch: it starts an async copy of the tree
+            grammar_tree = base_name("GrammarTree").from_device(out.next_token, out.next_sibling, tree.token)
+
+        # 2) KV slots of the nodes, host bounds, mask
+        verify_loc = base_name("assign_extend_cache_locs_func")(
+            req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
+            end_offset=prefix_lens + n1, batch_size=bs, draft_token_num=n1, device=device)
+        if batch.seq_lens_cpu is not None:
+            host_prefix = batch.seq_lens_cpu[:bs].to(torch.int64) + block  # committed (<= 1 round stale) + a block
+        elif getattr(draft_input, "reserved_seq_lens_cpu", None) is not None:
+            host_prefix = draft_input.reserved_seq_lens_cpu[:bs].to(torch.int64)
+        else:  # no host bound kept by this batch: read it (one sync, only on such paths)
+            host_prefix = prefix_lens.to("cpu", dtype=torch.int64)
+        prefix_bound_sum = int(host_prefix.sum())
+        numel = rt.mask_numel(prefix_bound_sum, bs, n1)
+        mask = self.verify_mask(model_runner.attn_backend, bs, numel, device)
+        rt.write_verify_mask(out.mask, prefix_lens, mask, prefix_cols=self.prefix_cols,
+                             max_prefix=int(host_prefix.max()) if self.prefix_cols else None)
+
+        verify_input = DDTreeVerifyInput(
+            draft_token=tree.token.reshape(-1), positions=positions.reshape(-1), draft_token_num=n1,
+            custom_mask=mask.view(torch.bool), capture_hidden_mode=CaptureHiddenMode.FULL, tree=tree,
+            retrieve_next_token=out.next_token, retrieve_next_sibling=out.next_sibling)
+        batch.out_cache_loc = verify_loc
+        saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
+        batch.seq_lens_cpu = host_prefix.to(torch.int32) if saved[0] is None else host_prefix.to(saved[0].dtype)
+        batch.seq_lens_sum = prefix_bound_sum
+        verify_forward_batch, _ = verify_input.prepare_for_verify(batch, worker.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+
+        # 3) verify forward
+        target_out = worker.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_forward_batch, is_verify=True, skip_attn_backend_init=True)
+        logits_output = target_out.logits_output
+        logits = logits_output.next_token_logits
+        sampling_info = batch.sampling_info
+        grammar_mask = None
+        if grammar_tree is not None:
+            grammar_mask = base_name("build_grammar_vocab_mask")(
+                reqs=batch.reqs, tree=grammar_tree, sampling_info=sampling_info, device=logits.device,
+                barrier=grammar_barrier)
+        if sampling_info is not None:
+            base_name("apply_dflash_verify_logits_adjustments")(next_token_logits=logits,
+                                                                 sampling_info=sampling_info, draft_token_num=n1)
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
+
+        # 4) walk
+        target = target_tokens_per_node(logits, sampling_info, bs, n1)
+        walk = rt.accept_walk(tree, target)
+        commit_lens = (walk.accept_len + 1).to(torch.int32)
+        out_tokens = walk.accepted_tokens.clamp(min=0)
+        bonus = walk.bonus_token
+
+        # 5) commit: the accepted path's slots to the front of the verify range (a permutation: nothing moves)
+        slots = verify_loc.view(bs, n1)
+        new_slots = rt.path_first_slot_order(walk.accepted_nodes, slots)
+        cols = prefix_lens.to(torch.int64)[:, None] + torch.arange(n1, device=device, dtype=torch.int64)
+        req_to_token[batch.req_pool_indices.to(torch.int64)[:, None], cols] = new_slots.to(req_to_token.dtype)
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # 6) the drafter's context: target hidden states of the committed nodes at positions prefix + j
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
+        ctx_hidden = rt.gather_path(hidden.view(bs, n1, -1), walk.accepted_nodes, block)
+        ctx_loc = new_slots[:, :block] if n1 >= block else torch.cat([new_slots, draft_loc_2d[:, n1:]], 1)
+        ctx_loc = ctx_loc.contiguous()
+        worker._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=ctx_hidden.reshape(bs * block, -1), cache_loc=ctx_loc.reshape(-1),
+            cache_loc_2d=ctx_loc, positions=positions_2d.reshape(-1), commit_lens=commit_lens)
+        logits_output.hidden_states = None
+        self.rounds += 1
+
+        next_draft_input = worker._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+        return base_name("GenerationBatchResult")(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=next_draft_input,
+            speculative_num_draft_tokens=block,
+            new_seq_lens=new_seq_lens,
+        )
