@@ -46,7 +46,11 @@ MODELSETS = {
     "big": ("big-qwen3", "big-dflash"),
     "hyb": ("tiny-next", "tiny-next-dflash"),
     "hyblive": ("live-next", "live-next-dflash"),
+    "q8b": ("q8b-target", "q8b-dflash"),  # Qwen3-8B shape + z-lab b16 drafter shape, --load-format dummy
 }
+DUMMY_MODELSETS = ("q8b",)
+#: Which SGLang the run serves: 0.5.11 (spec-v1 DFlashWorker) or 0.5.17 (spec-v2 DFlashWorkerV2, overlap on).
+BASE = os.environ.get("E2E_BASE", "0.5.11")
 HYBRID_MODELSETS = ("hyb", "hyblive")
 BATCHES = (1, 4, 16)
 MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
@@ -65,12 +69,18 @@ def prompts(n: int, seed: int = 1234) -> list[list[int]]:
 
 def parse(name: str) -> dict:
     parts = name.split("-")
-    cfg = {"name": name, "modelset": parts[0], "algo": parts[1], "budget": None, "graph": False, "profile": False}
+    cfg = {"name": name, "modelset": parts[0], "algo": parts[1], "budget": None, "graph": False, "profile": False,
+           "overlap": True, "prefill_graph": False}
     for p in parts[2:]:
-        if p.startswith("b"):
+        if p.startswith("b") and p[1:].isdigit():
             cfg["budget"] = int(p[1:])
         elif p == "graph":
             cfg["graph"] = True
+        elif p == "pgraph":  # decode graphs and the base's piecewise (breakable) prefill graphs (0.5.14+)
+            cfg["graph"] = True
+            cfg["prefill_graph"] = True
+        elif p == "noov":  # the scheduler without overlap (spec-v2 bases drive the same worker synchronously)
+            cfg["overlap"] = False
         elif p == "prof":
             cfg["profile"] = True
         elif p.startswith("mrr"):
@@ -101,10 +111,27 @@ def engine_kwargs(cfg: dict) -> dict:
         # The triton decode kernel splits the KV sum into a batch-dependent number of pieces; one split makes the
         # AR baseline's summation order independent of the batch (bf16 near-ties then cannot flip with batch size).
         kw["triton_attention_num_kv_splits"] = int(os.environ["E2E_KV_SPLITS"])
-    if cfg["graph"]:
-        kw["cuda_graph_max_bs"] = 16
-    else:
-        kw["disable_cuda_graph"] = True
+    max_bs = int(os.environ.get("E2E_GRAPH_MAX_BS", "16"))
+    if BASE == "0.5.11":
+        if cfg["graph"]:
+            kw["cuda_graph_max_bs"] = max_bs
+        else:
+            kw["disable_cuda_graph"] = True
+    else:  # 0.5.17: decode and prefill graphs are separate switches; the overlap scheduler is on by default
+        kw["mm_feature_transport"] = "cpu"
+        kw["cuda_graph_backend_decode"] = "full" if cfg["graph"] else "disabled"
+        if not cfg["prefill_graph"]:
+            kw["cuda_graph_backend_prefill"] = "disabled"
+        if cfg["graph"]:
+            kw["cuda_graph_max_bs"] = max_bs
+        if not cfg["overlap"]:
+            kw["disable_overlap_schedule"] = True
+        kw["speculative_draft_attention_backend"] = "triton"
+    if cfg["modelset"] in DUMMY_MODELSETS:
+        kw["load_format"] = "dummy"
+        kw["skip_tokenizer_init"] = True
+        kw["max_running_requests"] = max(kw["max_running_requests"], max(SPEED_BATCHES))
+        kw["mem_fraction_static"] = float(os.environ.get("E2E_MEM_FRACTION_BIG", "0.22"))
     if cfg["algo"] in ("chain", "ddtree"):
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
     if cfg["algo"] == "ddtree":
@@ -115,7 +142,11 @@ def engine_kwargs(cfg: dict) -> dict:
 def _meta(m: dict) -> dict:
     keep = ("completion_tokens", "prompt_tokens", "finish_reason", "spec_verify_ct", "spec_accept_length",
             "spec_accepted_drafts", "spec_proposed_drafts", "e2e_latency")
-    return {k: m.get(k) for k in keep if k in m}
+    out = {k: m.get(k) for k in keep if k in m}
+    if "spec_num_correct_drafts" in m:  # 0.5.14+ names
+        out["spec_accepted_drafts"] = m["spec_num_correct_drafts"]
+        out["spec_proposed_drafts"] = m.get("spec_num_proposed_drafts")
+    return out
 
 
 def generate(engine, ps, sp) -> tuple[list, float]:
@@ -170,7 +201,7 @@ def run_one(name: str, outdir: Path) -> int:
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
         allp = prompts(16)
-        speed_only = os.environ.get("E2E_SPEED_ONLY") == "1"
+        speed_only = os.environ.get("E2E_SPEED_ONLY") == "1" or cfg["modelset"] in DUMMY_MODELSETS
         if not speed_only:
             for bs in BATCHES:
                 outs, dt = generate(engine, allp[:bs], greedy)
@@ -204,18 +235,8 @@ def run_one(name: str, outdir: Path) -> int:
                                                 "prompts_seeds": [500 + r for r in range(SAMPLE_REPS)],
                                                 "output_ids": outs_all, "meta": meta_all}
         if cfg["graph"] or speed_only or os.environ.get("E2E_SPEED") == "1":
-            n_new = int(os.environ.get("E2E_SPEED_TOKENS", "256"))
-            sp = {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}
-            generate(engine, allp[:16], {**sp, "max_new_tokens": 16})  # warm-up
-            for bs in SPEED_BATCHES:
-                runs = []
-                for rep in range(3):
-                    outs, dt = generate(engine, prompts(bs, seed=99 + rep), sp)
-                    toks = sum(len(o["output_ids"]) for o in outs)
-                    acc = [_meta(o["meta_info"]) for o in outs]
-                    runs.append({"seconds": round(dt, 4), "tokens": toks, "tok_per_s": round(toks / dt, 1),
-                                 "meta": acc})
-                res["workloads"][f"speed-bs{bs}"] = runs
+            with speed_turn(outdir):
+                res["workloads"].update(speed_workloads(engine))
         if cfg["profile"]:
             # Checkpoint first: a profiler that hangs until the orchestrator's deadline must not cost the rest.
             (outdir / f"{name}.json").write_text(json.dumps({**res, "checkpoint": "before profiling"}, indent=1))
@@ -234,6 +255,67 @@ def run_one(name: str, outdir: Path) -> int:
         except BaseException:  # noqa: BLE001
             pass
     return 0 if res["ok"] else 1
+
+
+class speed_turn:  # noqa: N801 - a context manager used like a function
+    """Timed work of one configuration at a time: configurations start (and load, capture graphs) side by side,
+    but only the holder of OUTDIR/speed.lock measures, so no measurement shares the GPU with another."""
+
+    def __init__(self, outdir: Path):
+        self.path = outdir / "speed.lock"
+
+    def __enter__(self):
+        import fcntl
+
+        self.f = open(self.path, "a")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+        return False
+
+
+def speed_workloads(engine) -> dict:
+    """Timed greedy batches (ignore_eos) at E2E_SPEED_BATCHES, 3 reps each, prompts of E2E_SPEED_PROMPT_LEN tokens
+    (default: the short fixed prompts). Each rep caches the prompts (a 1-token call), then generates
+    E2E_SPEED_TOKENS / 4 and E2E_SPEED_TOKENS tokens after one new token each: both calls pay the same fixed cost
+    (a 1-token prefill, scheduling), so round milliseconds = (T_long - T_short) / (rounds_long - rounds_short), with
+    rounds = verify rounds (decode steps for AR). tok/s is the long call's output tokens over its wall time."""
+    out: dict = {}
+    n_new = int(os.environ.get("E2E_SPEED_TOKENS", "256"))
+    plen = int(os.environ.get("E2E_SPEED_PROMPT_LEN", "0"))
+    sp = {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}
+
+    def batch(bs: int, seed: int) -> list[list[int]]:
+        if not plen:
+            return prompts(bs, seed=seed)
+        rng = random.Random(seed)
+        return [[rng.randrange(4, 400) for _ in range(plen)] for _ in range(bs)]
+
+    def rounds_of(meta: list[dict]) -> int:
+        return max((m.get("spec_verify_ct") or (m.get("completion_tokens", 1) - 1)) for m in meta)
+
+    generate(engine, batch(min(16, max(SPEED_BATCHES)), 7), {**sp, "max_new_tokens": 16})  # warm-up
+    for bs in SPEED_BATCHES:
+        runs = []
+        for rep in range(3):
+            ps = batch(bs, 99 + rep)
+            _, pre = generate(engine, ps, {**sp, "max_new_tokens": 1})  # caches the prompts
+            short, t_short = generate(engine, [p + [5] for p in ps], {**sp, "max_new_tokens": max(2, n_new // 4)})
+            outs, dt = generate(engine, [p + [6] for p in ps], sp)
+            toks = sum(len(o["output_ids"]) for o in outs)
+            meta = [_meta(o["meta_info"]) for o in outs]
+            r_long, r_short = rounds_of(meta), rounds_of([_meta(o["meta_info"]) for o in short])
+            round_ms = 1000 * (dt - t_short) / (r_long - r_short) if r_long > r_short else None
+            runs.append({"seconds": round(dt, 4), "short_seconds": round(t_short, 4), "prefill_seconds": round(pre, 4),
+                         "tokens": toks, "tok_per_s": round(toks / dt, 1), "rounds": r_long, "rounds_short": r_short,
+                         "round_ms": None if round_ms is None else round(round_ms, 3), "meta": meta})
+        out[f"speed-bs{bs}"] = runs
+    return out
 
 
 def config_env(cfg: dict) -> dict:
@@ -300,7 +382,7 @@ def report(outdir: Path, result: Path) -> dict:
             continue
         if "config" in d:
             rs[d["config"]["name"]] = d
-    summary: dict = {"configs": {}, "lossless": {}, "acceptance": {}, "speed": {}}
+    summary: dict = {"configs": {}, "lossless": {}, "vs_chain": {}, "acceptance": {}, "speed": {}}
     for name, d in rs.items():
         summary["configs"][name] = {k: d.get(k) for k in ("ok", "error", "startup_s", "total_s")}
         if d.get("traceback"):
@@ -334,6 +416,21 @@ def report(outdir: Path, result: Path) -> dict:
                     "accepted_per_round": round(accepted / verify, 4) if verify else None,
                     "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
                 }
+    for name, d in rs.items():  # DDTree against the stock DFlash chain of the same models and graph mode
+        cfg = d["config"]
+        if cfg["algo"] != "ddtree" or not d.get("ok"):
+            continue
+        chain = rs.get(f"{cfg['modelset']}-chain" + ("-graph" if cfg["graph"] else "")) or rs.get(f"{cfg['modelset']}-chain")
+        if not chain or not chain.get("ok"):
+            continue
+        for wl, w in d["workloads"].items():
+            if not (wl.startswith("greedy") or wl.startswith("stop")) or wl not in chain["workloads"]:
+                continue
+            a, b = w["output_ids"], chain["workloads"][wl]["output_ids"]
+            same = [x == y for x, y in zip(a, b, strict=False)]
+            summary["vs_chain"].setdefault(name, {})[wl] = {
+                "chain": chain["config"]["name"], "identical": all(same) and len(a) == len(b), "requests": len(a),
+                "identical_requests": sum(same), "first_divergence": first_divergences(a, b)}
     for name, d in rs.items():
         w = d.get("workloads", {}).get("sample-T")
         if w:
@@ -352,10 +449,13 @@ def report(outdir: Path, result: Path) -> dict:
             tps = sorted(r["tok_per_s"] for r in runs)
             verify = sum((m.get("spec_verify_ct") or 0) for r in runs for m in r["meta"])
             accepted = sum((m.get("spec_accepted_drafts") or 0) for r in runs for m in r["meta"])
+            rms = sorted(r["round_ms"] for r in runs if r.get("round_ms") is not None)
             summary["speed"].setdefault(name, {})[wl] = {
                 "tok_per_s_median": tps[len(tps) // 2],
                 "tok_per_s_all": tps,
                 "tokens_per_round": round((accepted + verify) / verify, 3) if verify else None,
+                "round_ms_median": rms[len(rms) // 2] if rms else None,
+                "round_ms_all": rms,
             }
     result.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     lines = ["# DDTree e2e on the H200", "", "## Configurations", "", "| config | ok | start-up s | error |",
@@ -368,6 +468,11 @@ def report(outdir: Path, result: Path) -> dict:
         for wl, v in wls.items():
             lines.append(f"| {n} | {wl} | {v['identical']} | {v['identical_requests']}/{v['requests']} | "
                          f"{[x for x in v['first_divergence'] if x is not None][:6]} |")
+    lines += ["", "## DDTree against the stock DFlash chain (greedy output ids)", "",
+              "| config | chain | workload | identical | requests identical |", "|---|---|---|---|---|"]
+    for n, wls in sorted(summary["vs_chain"].items()):
+        for wl, v in wls.items():
+            lines.append(f"| {n} | {v['chain']} | {wl} | {v['identical']} | {v['identical_requests']}/{v['requests']} |")
     lines += ["", "## Acceptance (accepted drafts per verify round; tokens per round = that + 1)", "",
               "| config | workload | rounds | accepted/round | tokens/round |", "|---|---|---|---|---|"]
     for n, wls in sorted(summary["acceptance"].items()):
@@ -375,11 +480,11 @@ def report(outdir: Path, result: Path) -> dict:
             lines.append(f"| {n} | {wl} | {v['verify_rounds']} | {v['accepted_per_round']} | {v['tokens_per_round']} |")
     if summary["speed"]:
         lines += ["", "## Speed (output tokens/s, median of 3; wall time of one generate call)", "",
-                  "| config | batch | tok/s | all | tokens/round |", "|---|---|---|---|---|"]
+                  "| config | batch | tok/s | all | tokens/round | round ms |", "|---|---|---|---|---|---|"]
         for n, wls in sorted(summary["speed"].items()):
             for wl, v in wls.items():
                 lines.append(f"| {n} | {wl[len('speed-bs'):]} | {v['tok_per_s_median']} | {v['tok_per_s_all']} | "
-                             f"{v['tokens_per_round']} |")
+                             f"{v['tokens_per_round']} | {v.get('round_ms_median')} |")
     result.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return summary
 

@@ -1,7 +1,8 @@
 #!/bin/bash
-# On the GPU host: install the offline SGLang 0.5.11 bundle, lay the DDTree overlay over a copy of it, make the
+# On the GPU host: install the offline SGLang bundle, lay the DDTree overlay over a copy of it, make the
 # models the configurations need, run the e2e configurations and write the report + logs under $OUT.
-# Usage (repo root, bundle in .e2e/, overlay in .e2e/overlay/):
+# Usage (repo root; E2E_BASE=0.5.11 (default): bundle in .e2e/, overlay in .e2e/overlay/; E2E_BASE=0.5.17: bundle in
+# .e2e17/, overlay in .e2e17/overlay/ made by `ddtree-deploy patchset build ddtree --base sglang==0.5.17 --out ...`):
 #   bash bench/e2e/gpu_run.sh TAG PARALLEL_CONFIGS [SEQUENTIAL_CONFIGS]
 # PARALLEL_CONFIGS run several Engine processes at once (correctness, acceptance); SEQUENTIAL_CONFIGS run one at a
 # time afterwards (anything timed).
@@ -14,7 +15,9 @@
 # TAG-round-share.json (bench/e2e/round_share.py, run here) and TAG-prof.tgz (the traces, if under 15 MB).
 set -u
 TAG=$1; CONFIGS=$2; SEQ=${3:-}
-B=$PWD/.e2e; OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"
+export E2E_BASE=${E2E_BASE:-0.5.11}
+if [ "$E2E_BASE" = 0.5.11 ]; then B=$PWD/.e2e; else B=$PWD/.e2e17; fi
+OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 BUDGET=${E2E_BUDGET:-525}
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -35,14 +38,17 @@ fi
   set -e
   [ -d /tmp/models/agree-qwen3 ] || { python3 "$B/mk_models.py" /tmp/models; python3 bench/e2e/mk_agree.py /tmp/models /tmp/models; }
   if needs big; then python3 bench/e2e/mk_big.py /tmp/models /tmp/models; fi
+  if needs q8b && [ ! -d /tmp/models/q8b-target ]; then python3 bench/e2e/mk_shapes.py /tmp/models /tmp/models; fi
   if needs hyb && [ ! -d /tmp/models/tiny-next ]; then python3 "$B/mk_hybrid.py" /tmp/models /tmp/models; fi
   if needs hyblive && [ ! -d /tmp/models/live-next ]; then python3 bench/e2e/mk_hybrid_live.py /tmp/models /tmp/models; fi
 ) >> "$OUT/setup.log" 2>&1 &
 MK=$!
 if [ "$DRY" != 1 ]; then
-python3 -c "import torch, sglang, sglang.srt.speculative.ddtree as rt, sglang.srt.speculative.ddtree_verify as dv; print('torch', torch.__version__, 'sglang', sglang.__version__, sglang.__file__, 'runtime', rt.__version__)" 2>&1 | tail -3
+if [ "$E2E_BASE" = 0.5.11 ]; then GLUE=sglang.srt.speculative.ddtree_verify; else GLUE=sglang.srt.speculative.ddtree_v2.round; fi
+python3 -c "import torch, sglang, sglang.srt.speculative.ddtree as rt, $GLUE as dv; print('torch', torch.__version__, 'sglang', sglang.__version__, sglang.__file__, 'runtime', rt.__version__)" 2>&1 | tail -3
+python3 bench/e2e/expected_acceptance.py /tmp/overlay "$OUT/expected-acceptance.json" > /dev/null 2>&1 || echo "expected_acceptance failed"
 # Byte-compile the whole overlay and bundle once (seconds on all cores) instead of in every Engine process at once.
-python3 -m compileall -q -j 0 /tmp/overlay/sglang /tmp/site >/dev/null 2>&1; python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang/srt/server_args.py /tmp/overlay/sglang/srt/model_executor/cuda_graph_runner.py >/dev/null || echo "compileall failed"
+python3 -m compileall -q -j 0 /tmp/overlay/sglang /tmp/site >/dev/null 2>&1; python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang/srt/server_args.py >/dev/null || echo "compileall failed"
 fi
 wait $MK || { echo "model making failed"; tail -20 "$OUT/setup.log"; exit 3; }
 grep -E "^ok " "$OUT/setup.log" | cut -c1-200

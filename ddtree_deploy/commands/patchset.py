@@ -171,6 +171,39 @@ def diff_cmd(
         sys.stdout.write(text)
 
 
+@app.command("build")
+def build_cmd(
+    name: str = NameArg,
+    out_dir: Path = typer.Option(..., "--out", help="new directory to write (must not exist, or be empty)"),
+    snapshot: Optional[str] = SnapshotOpt,
+    base: Optional[str] = BaseOpt,
+    full: bool = typer.Option(False, "--full", help="also write every unchanged base file, so the output alone is "
+                              "an importable patched package (put it first on PYTHONPATH)"),
+    allow_base_drift: bool = DriftOpt,
+    three_way: bool = ThreeWayOpt,
+    root: Optional[Path] = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Write the overlay the series makes on this base into a directory, laid out like site-packages (with an
+    overlay.json naming its digest and files). Nothing on any host changes."""
+    from ..patch_build import write_overlay
+
+    src = open_base(snapshot=snapshot, base=base)
+    ps = _resolve(name, src, root, allow_base_drift)
+    result = apply_patchset(ps, src, allow_base_drift=allow_base_drift, three_way=three_way, progress=_progress)
+    for w in result.warnings:
+        err.print(f"[bold yellow]WARNING:[/bold yellow] {escape(w)}", highlight=False)
+    built = write_overlay(result.overlay, src, out_dir, full=full)
+    if as_json:
+        emit_json({"patchset": ps.qualified_name, "base": src.describe(), "out": str(built.out),
+                   "digest": built.digest, "overlay_files": built.overlay_files, "base_files": built.base_files})
+        return
+    out.print(f"[green]built[/green] {escape(ps.qualified_name)} on {src.package} {src.version} -> "
+              f"{escape(str(built.out))}: {built.overlay_files} overlay file(s)"
+              + (f" + {built.base_files} base file(s)" if full else "") + f", digest {built.digest[:16]}",
+              highlight=False)
+
+
 @app.command("dev")
 def dev_cmd(
     name: str = NameArg,
