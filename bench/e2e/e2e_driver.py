@@ -81,6 +81,8 @@ def parse(name: str) -> dict:
             cfg["prefill_graph"] = True
         elif p == "noov":  # the scheduler without overlap (spec-v2 bases drive the same worker synchronously)
             cfg["overlap"] = False
+        elif p == "sync":  # DDTREE_SYNC_CHECK=1: log every host-synchronising CUDA call of a DDTree round
+            cfg["sync_check"] = True
         elif p == "prof":
             cfg["profile"] = True
         elif p.startswith("mrr"):
@@ -95,7 +97,7 @@ def engine_kwargs(cfg: dict) -> dict:
         attention_backend="triton",
         sampling_backend="pytorch",
         grammar_backend="none",
-        mem_fraction_static=float(os.environ.get("E2E_MEM_FRACTION", "0.08")),
+        mem_fraction_static=float(os.environ.get("E2E_MEM_FRACTION", "0.08" if BASE == "0.5.11" else "0.12")),
         page_size=1,
         random_seed=0,
         log_level=os.environ.get("E2E_LOG_LEVEL", "info"),
@@ -123,7 +125,7 @@ def engine_kwargs(cfg: dict) -> dict:
         if not cfg["prefill_graph"]:
             kw["cuda_graph_backend_prefill"] = "disabled"
         if cfg["graph"]:
-            kw["cuda_graph_max_bs"] = max_bs
+            kw["cuda_graph_max_bs_decode"] = max_bs
         if not cfg["overlap"]:
             kw["disable_overlap_schedule"] = True
         kw["speculative_draft_attention_backend"] = "triton"
@@ -323,6 +325,8 @@ def config_env(cfg: dict) -> dict:
     verify kernel's math instead of its packed decode kernel (bench/e2e/gdn_unpacked_decode/sitecustomize.py says
     why); everything else is the `ar` configuration."""
     env = dict(os.environ)
+    if cfg.get("sync_check"):
+        env["DDTREE_SYNC_CHECK"] = "1"
     if cfg["algo"] == "arv":
         hook = str(Path(__file__).resolve().parent / "gdn_unpacked_decode")
         env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -457,6 +461,23 @@ def report(outdir: Path, result: Path) -> dict:
                 "round_ms_median": rms[len(rms) // 2] if rms else None,
                 "round_ms_all": rms,
             }
+    expected_file = result.parent / "expected-acceptance.json"
+    if expected_file.exists():  # measured acceptance on the agree models against the runtime-only replay
+        expected = json.loads(expected_file.read_text())
+        key = "accepted_per_round" if BASE == "0.5.11" else "accepted_all_per_round"
+        summary["replay"] = {}
+        for name, d in rs.items():
+            cfg = d["config"]
+            if cfg["modelset"] != "agree" or cfg["algo"] not in ("chain", "ddtree") or not d.get("ok"):
+                continue
+            want = expected.get("chain" if cfg["algo"] == "chain" else f"ddtree-b{cfg['budget']}", {}).get(key)
+            w = d["workloads"].get("greedy-bs1")
+            if want is None or not w:
+                continue
+            v = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
+            a = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
+            got = round(a / v, 4) if v else None
+            summary["replay"][name] = {"measured": got, "replay": want, "equal": got == want}
     result.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     lines = ["# DDTree e2e on the H200", "", "## Configurations", "", "| config | ok | start-up s | error |",
              "|---|---|---|---|"]
@@ -473,6 +494,11 @@ def report(outdir: Path, result: Path) -> dict:
     for n, wls in sorted(summary["vs_chain"].items()):
         for wl, v in wls.items():
             lines.append(f"| {n} | {v['chain']} | {wl} | {v['identical']} | {v['identical_requests']}/{v['requests']} |")
+    if summary.get("replay"):
+        lines += ["", "## Acceptance against the runtime-only replay (agree models, greedy, batch 1)", "",
+                  "| config | measured accepted/round | replay | equal |", "|---|---|---|---|"]
+        for n, v in sorted(summary["replay"].items()):
+            lines.append(f"| {n} | {v['measured']} | {v['replay']} | {v['equal']} |")
     lines += ["", "## Acceptance (accepted drafts per verify round; tokens per round = that + 1)", "",
               "| config | workload | rounds | accepted/round | tokens/round |", "|---|---|---|---|---|"]
     for n, wls in sorted(summary["acceptance"].items()):

@@ -30,7 +30,7 @@ def run(budget: int | None, max_new: int) -> dict:
     k = 1 if budget is None else min(budget, len(TOK))
     b = L if budget is None else budget
     lp, tok = LP[:k].expand(1, L, k).contiguous(), TOK[:k].expand(1, L, k).contiguous()
-    root, produced, rounds, accepted = CYCLE[0], 1, 0, 0  # prefill emits C0 after any prompt
+    root, produced, rounds, accepted, accepted_all = CYCLE[0], 1, 0, 0, 0  # prefill emits C0 after any prompt
     while produced < max_new:
         tree = rt.build_tree(lp, tok, torch.tensor([root]), b, impl="torch")
         target = torch.tensor([[NEXT.get(int(t), CYCLE[0]) for t in tree.token[0]]])
@@ -38,9 +38,13 @@ def run(budget: int | None, max_new: int) -> dict:
         n = min(int(w.accept_len[0]) + 1, max_new - produced)
         rounds += 1
         accepted += n - 1
+        accepted_all += int(w.accept_len[0])
         produced += n
         root = int(w.accepted_tokens[0, n - 1])
-    return {"rounds": rounds, "accepted": accepted, "accepted_per_round": round(accepted / rounds, 4)}
+    # 0.5.11 counts the accepted drafts a request keeps; 0.5.14+ counts every draft its last round accepted, also
+    # past max_new_tokens (the scheduler commits the whole run, then truncates the output).
+    return {"rounds": rounds, "accepted": accepted, "accepted_per_round": round(accepted / rounds, 4),
+            "accepted_all": accepted_all, "accepted_all_per_round": round(accepted_all / rounds, 4)}
 
 
 def main() -> int:

@@ -64,7 +64,8 @@ fi
 if [ -n "$SEQ" ]; then
   DL=${E2E_SEQ_DEADLINE:-330}; LEFT=$(( BUDGET - $(elapsed) - 15 ))
   [ $LEFT -lt $DL ] && DL=$LEFT
-  E2E_WORKERS=1 E2E_DEADLINE=$DL python3 bench/e2e/e2e_driver.py orchestrate $R "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
+  # Several may start at once (E2E_SEQ_WORKERS): their timed parts still run one at a time (the driver's speed lock).
+  E2E_WORKERS=${E2E_SEQ_WORKERS:-1} E2E_DEADLINE=$DL python3 bench/e2e/e2e_driver.py orchestrate $R "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
   echo "sequential phase done at $(elapsed)s (deadline ${DL}s)" | tee -a "$OUT/orchestrate-$TAG.log"
 fi
 python3 bench/e2e/e2e_driver.py report $R "$OUT/$TAG" > /dev/null
@@ -79,5 +80,9 @@ if [ -d $R/prof ]; then
   [ $(stat -c %s "$OUT/$TAG-prof.tgz") -le 15000000 ] || { echo "traces too large to return: $(du -sh $R/prof)"; rm -f "$OUT/$TAG-prof.tgz"; }
 fi
 tar czf "$OUT/$TAG-raw.tgz" -C $R --exclude ./prof .
+if grep -qh "DDTree sync check" $R/logs/*.log 2>/dev/null; then
+  echo "== DDTree sync check (rounds per distinct set of synchronizing call sites)"
+  grep -h "DDTree sync check" $R/logs/*.log | sed 's/.*round [0-9]*: //' | sort | uniq -c | sort -rn | head -20
+fi
 for f in $R/logs/*.log; do echo "== $f"; grep -E "Error|Traceback|DDTree|Exception|cuda graph" "$f" | grep -v -E "UserWarning|Ignore import error" | head -6; done 2>/dev/null | head -150
 echo "total $(elapsed)s" | tee -a "$OUT/orchestrate-$TAG.log"

@@ -21,6 +21,8 @@ at most one round stale, plus one block), never from device values.
 from __future__ import annotations
 
 import logging
+import os
+import warnings
 from typing import Any, Callable, Optional
 
 import torch
@@ -145,12 +147,27 @@ class DDTreeRound:
             return buf[:numel]
         return torch.empty((numel,), dtype=torch.uint8, device=device)
 
-    def finish_round(self, worker: Any, *, batch: Any, draft_input: Any, draft_out: Any, block_ids: torch.Tensor,
-                     positions_2d: torch.Tensor, draft_loc_2d: torch.Tensor, lm_head: Any,
-                     on_publish: Optional[Callable] = None, grammar_barrier: Optional[Callable] = None,
-                     from_graph: bool = False) -> Any:
+    def finish_round(self, worker: Any, **kw: Any) -> Any:
+        """The round after the draft forward (see the module docstring). With ``DDTREE_SYNC_CHECK=1`` every
+        host-synchronising CUDA call made during it is logged with its source line (torch's sync debug mode)."""
+        if os.environ.get("DDTREE_SYNC_CHECK") != "1" or not torch.cuda.is_available():
+            return self._finish_round(worker, **kw)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return self._finish_round(worker, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs = sorted({f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)})
+                logger.info("DDTree sync check, round %d: %d synchronizing call site(s)%s", self.rounds, len(syncs),
+                            (": " + ", ".join(syncs)) if syncs else "")
+
+    def _finish_round(self, worker: Any, *, batch: Any, draft_input: Any, draft_out: Any, block_ids: torch.Tensor,
+                      positions_2d: torch.Tensor, draft_loc_2d: torch.Tensor, lm_head: Any,
+                      on_publish: Optional[Callable] = None, grammar_barrier: Optional[Callable] = None,
+                      from_graph: bool = False) -> Any:
         rt = runtime()
-        ForwardMode = base_name("ForwardMode")  # noqa: N806
         CaptureHiddenMode = base_name("CaptureHiddenMode")  # noqa: N806
         bs = int(block_ids.shape[0])
         n1, block = self.n1, self.block
