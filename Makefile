@@ -9,7 +9,7 @@ install: $(STAMP)
 
 # System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark) and the project with its extras.
 # torch is pinned to the CPU build this machine carries; triton 3.6.0 matches the H200 image (interpreted on CPU).
-$(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt
+$(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt
 	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync git >/dev/null; \
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt
 	@# what `import sglang.srt.server_args` (0.5.11) needs for the patch set's CPU tests; no deps, so no CUDA torch
 	$(PY) -m pip install -q --disable-pip-version-check click pydantic requests orjson jsonschema jinja2 ipython
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r tests/sglang/requirements-cpu.txt
+	@# what the spec-v2 bases (0.5.14-0.5.17) import beyond that, in their own folder (tests/sglang_v2)
+	rm -rf .cache/sglang-v2-deps && $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+	  --target .cache/sglang-v2-deps -r tests/sglang_v2/requirements-cpu.txt
 	@mkdir -p .cache && touch $(STAMP)
 
 deps: install

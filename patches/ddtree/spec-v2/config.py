@@ -30,8 +30,11 @@ PROVEN_BACKENDS = ("triton",)
 WIRED_UNPROVEN_BACKENDS = {
     "flashinfer": "FlashInfer reads the tree through spec_info.custom_mask in plan(); not run on a GPU here "
                   "(the offline bundle ships a FlashInfer stand-in)",
-    "fa3": "FA3 runs tree verify as its topk > 1 cascade; not run on a GPU here (the offline bundle has no FA3 "
-           "kernel library)",
+}
+#: Backends with tree masks in SGLang that DDTree does not drive yet, and why.
+UNWIRED_BACKENDS = {
+    "fa3": "FA3 verifies trees only through its topk > 1 cascade, which DDTree does not drive yet (and the offline "
+           "H200 bundle has no FA3 kernel library to prove it with)",
 }
 UNPROVEN_FLAG = "--speculative-ddtree-allow-unproven"
 
@@ -115,6 +118,8 @@ def refusals(server_args: Any, block_size: int) -> tuple[list[str], list[str]]:
         flag = "--" + key.replace("_", "-")
         if value in WIRED_UNPROVEN_BACKENDS:
             unproven.append(f"{flag} {value}: {WIRED_UNPROVEN_BACKENDS[value]}")
+        elif value in UNWIRED_BACKENDS:
+            never.append(f"{flag} {value}: {UNWIRED_BACKENDS[value]}; use --attention-backend triton")
         else:
             never.append(f"{flag} {value} (no tree-mask support for DDTree; use --attention-backend triton)")
     if int(getattr(view, "page_size", None) or 1) != 1:

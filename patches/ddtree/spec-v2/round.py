@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .compat import base_name
-from .config import PROVEN_BACKENDS, UNPROVEN_FLAG, WIRED_UNPROVEN_BACKENDS, enabled
+from .config import PROVEN_BACKENDS, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, enabled
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
 from .sampling import target_tokens_per_node
 from .verify_input import DDTreeVerifyInput
@@ -90,9 +90,9 @@ class DDTreeRound:
         if name is None:
             problems.append(f"the target's attention backend {cls_name} (DDTree needs a tree mask: use "
                             "--attention-backend triton)")
-        elif name == "fa3":
-            problems.append("the fa3 attention backend (its tree cascade is not wired for DDTree yet: use "
-                            "--attention-backend triton)")
+        elif name in UNWIRED_BACKENDS:
+            problems.append(f"the {name} attention backend ({UNWIRED_BACKENDS[name]}; use --attention-backend "
+                            "triton)")
         elif name not in PROVEN_BACKENDS:
             unproven.append(f"the {name} attention backend ({WIRED_UNPROVEN_BACKENDS[name]})")
         if is_hybrid:

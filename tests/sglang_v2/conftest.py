@@ -1,0 +1,33 @@
+"""Fixtures of the spec-v2 patch-set tests: patched trees per base, built once per session."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from v2_helpers import BASES, build_patched  # noqa: E402
+
+
+@pytest.fixture(scope="session", params=BASES)
+def v2_base(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def v2_trees(tmp_path_factory) -> dict:
+    """base version -> its patched tree (built lazily)."""
+    cache: dict = {}
+
+    def get(version: str) -> Path:
+        if version not in cache:
+            cache[version] = build_patched(version, tmp_path_factory.mktemp(f"sglang-{version}") / "site")
+        return cache[version]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def v2_tree(v2_base, v2_trees) -> Path:
+    return v2_trees(v2_base)

@@ -1,0 +1,121 @@
+"""Bases, patched trees and CPU stand-ins for the spec-v2 (SGLang 0.5.14-0.5.17) patch-set tests.
+
+Patched trees are built with the product's own patch-set code (the overlay a release would carry, plus every
+unchanged base file), from the real wheels (`pip download --no-deps sglang==X`, cached). SGLang's modules are
+imported in subprocesses whose PYTHONPATH holds the patched tree, the spec-v2 dependency folder
+(tests/sglang_v2/requirements-cpu.txt, installed by `make install`) and small stand-ins written here: torchvision and
+xgrammar (imported at module level, never used on these paths) and a "fake CUDA" sitecustomize that makes torch
+report one sm90 GPU so that server arguments resolve as on an H200 (nothing is computed on a device).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "sglang"))
+from sglang_series_helpers import write_torchvision_stub  # noqa: E402
+
+#: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/).
+BASES = ("0.5.17",)
+DEPS = Path(os.environ.get("DDTREE_SGLANG_V2_DEPS", REPO / ".cache" / "sglang-v2-deps"))
+REQUIRED = os.environ.get("DDTREE_REQUIRE_SGLANG_DEPS") == "1"
+
+_XGRAMMAR = '''from typing import Any
+StructuralTag = Any  # what sglang itself falls back to without xgrammar
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return type(name, (), {})
+'''
+
+FAKE_CUDA = '''import types
+import torch
+_props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=143771 * 2**20,
+                               multi_processor_count=132, L2_cache_size=60 * 2**20, warp_size=32,
+                               max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+                               shared_memory_per_block_optin=232448, shared_memory_per_multiprocessor=233472,
+                               is_integrated=False, uuid="fake", gcnArchName="", clock_rate=1980000,
+                               memory_clock_rate=3201000, memory_bus_width=6144)
+c = torch.cuda
+c.is_available = lambda: True
+c.device_count = lambda: 1
+c.current_device = lambda: 0
+c.set_device = lambda *a, **k: None
+c.get_device_capability = lambda *a, **k: (9, 0)
+c.get_device_properties = lambda *a, **k: _props
+c.get_device_name = lambda *a, **k: "NVIDIA H200"
+c.mem_get_info = lambda *a, **k: (140 * 2**30, 143771 * 2**20)
+c.is_bf16_supported = lambda *a, **k: True
+c.synchronize = lambda *a, **k: None
+c.get_arch_list = lambda: ["sm_90", "sm_100"]
+c.is_initialized = lambda: True
+'''
+
+
+def need_deps() -> None:
+    """Skip (or, in CI, fail) when the spec-v2 dependency folder is missing."""
+    if (DEPS / "fastapi").is_dir() and (DEPS / "transformers").is_dir():
+        return
+    msg = f"{DEPS} lacks the spec-v2 SGLang dependencies (make install, or pip install --no-deps --target)"
+    if REQUIRED:
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def base_wheel(version: str) -> Path:
+    from ddtree_deploy.errors import OperationFailed
+    from ddtree_deploy.wheels import fetch_wheel
+
+    try:
+        return fetch_wheel("sglang", version)
+    except OperationFailed as exc:
+        if REQUIRED:
+            raise
+        pytest.skip(str(exc))
+
+
+def build_patched(version: str, dest: Path) -> Path:
+    """The whole sglang package of ``version`` with the ddtree patch set applied, as the product builds it."""
+    from ddtree_deploy.patch_apply import apply_patchset
+    from ddtree_deploy.patch_base import WheelBase
+    from ddtree_deploy.patch_build import write_overlay
+    from ddtree_deploy.patchset_format import find_patchset_for
+
+    base = WheelBase(base_wheel(version))
+    ps = find_patchset_for("ddtree", version, root=REPO / "patches")
+    result = apply_patchset(ps, base)
+    write_overlay(result.overlay, base, dest, full=True)
+    return dest
+
+
+def stand_ins(dest: Path, *, fake_cuda: bool = False) -> list[str]:
+    """PYTHONPATH entries with the stand-ins (torchvision, xgrammar; fake CUDA as sitecustomize when asked)."""
+    write_torchvision_stub(dest / "stub")
+    xg = dest / "xg" / "xgrammar"
+    xg.mkdir(parents=True, exist_ok=True)
+    (xg / "__init__.py").write_text(_XGRAMMAR)
+    (xg / "structural_tag.py").write_text(_XGRAMMAR)
+    paths = [str(dest / "stub"), str(dest / "xg")]
+    if fake_cuda:
+        (dest / "cuda").mkdir(exist_ok=True)
+        (dest / "cuda" / "sitecustomize.py").write_text(FAKE_CUDA)
+        paths.insert(0, str(dest / "cuda"))
+    return paths
+
+
+def run_python(tree: Path, work: Path, code: str, *args: str, fake_cuda: bool = False,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` with the patched ``tree`` importable as sglang, on CPU."""
+    need_deps()
+    pp = [str(tree), str(DEPS), *stand_ins(work, fake_cuda=fake_cuda), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pp if p), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "PYTHONWARNINGS": "ignore"}
+    script = work / "script.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script), *args], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=timeout)
