@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .walk_ref import GREEDY_T, temperature_per_request
+from .sample_ref import GREEDY_T, temperature_per_request
 
 
 @triton.jit

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree_recurrent import _check_conv_args, _check_gdn_args
+from .tree_recurrent_ref import _check_conv_args, _check_gdn_args
 
 
 @triton.jit

@@ -5,7 +5,8 @@ import torch
 
 from ._dispatch import use_triton
 from .types import DraftTree, WalkResult
-from .walk_ref import accept_walk_torch, sample_target_tokens_torch
+from .sample_ref import sample_target_tokens_torch
+from .walk_ref import accept_walk_torch
 
 
 def sample_target_tokens(target_logits: torch.Tensor, temperature: torch.Tensor | float,
