@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the GPU host: install the offline SGLang bundle, lay the DDTree overlay over a copy of it, make the
 # models the configurations need, run the e2e configurations and write the report + logs under $OUT.
-# Usage (repo root; E2E_BASE=0.5.11 (default): bundle in .e2e/, overlay in .e2e/overlay/; E2E_BASE=0.5.17: bundle in
+# Usage (repo root; the overlay is the product's: `ddtree-deploy patchset build ddtree --base sglang==BASE --out DIR`;
+# E2E_BASE=0.5.11 (default): bundle in .e2e/, overlay in .e2e/overlay/; E2E_BASE=0.5.17: bundle in
 # .e2e17/, overlay in .e2e17/overlay/ made by `ddtree-deploy patchset build ddtree --base sglang==0.5.17 --out ...`):
 #   bash bench/e2e/gpu_run.sh TAG PARALLEL_CONFIGS [SEQUENTIAL_CONFIGS]
 # PARALLEL_CONFIGS run several Engine processes at once (correctness, acceptance); SEQUENTIAL_CONFIGS run one at a

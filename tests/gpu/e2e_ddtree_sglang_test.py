@@ -1,7 +1,7 @@
 """DDTree in the real SGLang 0.5.11 server on a CUDA host (marked ``gpu``; skipped without CUDA or the bundle).
 
 What it needs: a CUDA GPU, the offline SGLang bundle copied to ``.e2e/`` (``cp -r shared/gpu-e2e .e2e``) and the
-overlay built into ``.e2e/overlay`` (``python bench/e2e/build_overlay.py .e2e/overlay``). It runs
+overlay built into ``.e2e/overlay`` (``ddtree-deploy patchset build ddtree --base sglang==0.5.11 --out .e2e/overlay``). It runs
 ``bench/e2e/gpu_run.sh`` on a small set of configurations (several Engine processes in parallel, ~3 minutes on an
 H200) and checks the report: greedy output identical to autoregressive decoding for every DDTree budget and batch,
 a stop token inside the accepted path honoured, and DDTree acceptance above the DFlash chain at the same drafter and
