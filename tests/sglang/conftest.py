@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_series_helpers import CACHE, apply_series, load_module, patchset, unpack  # noqa: E402
+from sglang_series_helpers import CACHE, build_patched, load_module, patchset  # noqa: E402
 
 @pytest.fixture(scope="session")
 def base_wheel() -> Path:
@@ -31,11 +31,9 @@ def base_wheel() -> Path:
 
 @pytest.fixture(scope="session")
 def patched_tree(base_wheel: Path, tmp_path_factory) -> Path:
-    """The whole sglang 0.5.11 package with the series applied and the runtime vendored (like an overlay)."""
-    root = tmp_path_factory.mktemp("site")
-    unpack(base_wheel, root)
-    apply_series(root)
-    return root
+    """The whole sglang 0.5.11 package with the series applied and the runtime vendored, as the product builds it
+    (`patchset build --full`)."""
+    return build_patched(base_wheel, tmp_path_factory.mktemp("site") / "tree")
 
 
 @pytest.fixture(scope="session")

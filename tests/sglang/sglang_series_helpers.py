@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -40,13 +38,17 @@ def unpack(wheel: Path, dest: Path, only: list[str] | None = None) -> None:
             p.write_bytes(zf.read(n))
 
 
-def apply_series(root: Path) -> None:
-    meta = patchset()
-    for p in meta["series"]:
-        subprocess.run(["git", "apply", "-p1", "--verbose", str(PSET / p)], cwd=root, check=True,
-                       capture_output=True, text=True)
-    src = (PSET / meta["runtime"]["source"]).resolve()
-    shutil.copytree(src, root / meta["runtime"]["dest"], ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+def build_patched(wheel: Path, dest: Path) -> Path:
+    """The whole base package with the 0.5.11 series applied and the runtime vendored, by the product's own
+    patch-set code (what `ddtree-deploy patchset build --full` writes)."""
+    from ddtree_deploy.patch_apply import apply_patchset
+    from ddtree_deploy.patch_base import WheelBase
+    from ddtree_deploy.patch_build import write_overlay
+    from ddtree_deploy.patchset_format import load_patchset
+
+    base = WheelBase(wheel)
+    write_overlay(apply_patchset(load_patchset(PSET / "patchset.yaml"), base).overlay, base, dest, full=True)
+    return dest
 
 
 def sha256(b: bytes) -> str:
