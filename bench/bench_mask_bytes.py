@@ -68,7 +68,7 @@ def main() -> int:
               "replay used to copy the full rows a second time, which DDTree's in-place write also avoids:", "",
               "| batch | budget | context | tree block only | full rows | ratio |", "|---|---|---|---|---|---|"]
     lines += [f"| {t['batch']} | {t['budget']} | {t['context']} | {t['tree_only_bytes'] / 1e3:.1f} kB | "
-              f"{t['full_rows_bytes'] / 1e6:.1f} MB | {t['ratio']}x |" for t in table]
+              f"{t['full_rows_bytes'] / 1e6:.2f} MB | {t['ratio']}x |" for t in table]
     (args.out / "verify-mask-bytes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
