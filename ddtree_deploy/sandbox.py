@@ -24,6 +24,7 @@ from typing import Callable
 
 import yaml
 
+from . import paths
 from .errors import OperationFailed
 from .wheels import fetch_wheel
 
@@ -59,7 +60,8 @@ class SandboxState:
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("DDTREE_SANDBOX_DIR", ".sandbox")).absolute()
+    """``$DDTREE_SANDBOX_DIR``, else the checkout's ``.sandbox/``, else the user state dir (ddtree_deploy.paths)."""
+    return paths.sandbox_dir()
 
 
 class Sandbox:
@@ -68,7 +70,7 @@ class Sandbox:
     def __init__(self, root: Path | None = None, inventory: Path | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         self.root = (root or default_root()).absolute()
-        self.inventory = (inventory or Path(os.environ.get("DDTREE_INVENTORY", "hosts"))).absolute()
+        self.inventory = (inventory or paths.inventory_dir()).absolute()
         self.log = log or (lambda msg: None)
 
     # -- state -----------------------------------------------------------------------------------------------------

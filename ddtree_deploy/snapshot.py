@@ -1,6 +1,6 @@
 """Content-addressed snapshots of the SGLang installed on a host: exact bytes, a hash manifest and the host's facts.
 
-Store layout (root: ``$DDTREE_SNAPSHOTS`` or ``./snapshots``)::
+Store layout (root: ``--store``, ``$DDTREE_SNAPSHOTS``, the checkout's ``snapshots/`` or ``$XDG_DATA_HOME/ddtree-deploy/snapshots``)::
 
     objects/<sha256>                 one read-only blob per distinct file content, shared by every host
     objects/.incoming/<pid>-<rand>   blobs being received; renamed into place only once their hash matched
@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import facts as facts_mod
+from . import paths
 from .errors import InputError, OperationFailed, RemoteError, TransportError
 from .inventory import Host
 from .transport import HostConnection
@@ -69,7 +70,8 @@ _READ = 1 << 20
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("DDTREE_SNAPSHOTS", "snapshots"))
+    """``$DDTREE_SNAPSHOTS``, else the checkout's ``snapshots/``, else the user data dir (ddtree_deploy.paths)."""
+    return paths.snapshot_root()
 
 
 @dataclass
