@@ -61,7 +61,7 @@ def test_dash_h_works_everywhere_like_help(cli) -> None:
     with ThreadPoolExecutor(4) as pool:
         short = list(pool.map(lambda p: cli(*p, "-h"), paths))
         long_ = list(pool.map(lambda p: cli(*p, "--help"), paths))
-    for path, a, b in zip(paths, short, long_):
+    for path, a, b in zip(paths, short, long_, strict=True):
         assert a.returncode == 0 and "Usage: ddtree-deploy " + " ".join(path) in a.stdout, (path, a.stderr)
         assert a.stdout == b.stdout, path
 
