@@ -1,0 +1,100 @@
+"""``connection: local``: snapshot, apply, probe and rollback of a host that is this machine, through the installed
+console script, on a machine where paramiko and fabric cannot be imported at all (as on the GPU box we prove on).
+
+The host is a real Python environment with the real SGLang 0.5.11 wheel installed (the sandbox's installer), its
+server the reference engine, which decodes with the runtime of the active release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree_deploy.sandbox import make_local_host
+
+pytestmark = pytest.mark.slow
+NAME = "gpu-here"
+NO_SSH_LIBS = ("paramiko", "fabric", "invoke")
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory, wheel_env):
+    root = tmp_path_factory.mktemp("local")
+    host_file = make_local_host(root / "box", root / "hosts", name=NAME)
+    doc = yaml.safe_load(host_file.read_text())
+    poison = root / "no-ssh-libs"  # what a machine without paramiko/fabric looks like: importing them fails
+    for mod in NO_SSH_LIBS:
+        (poison / mod).mkdir(parents=True)
+        (poison / mod / "__init__.py").write_text(f"raise ImportError('{mod} is not installed on this machine')\n")
+    env = {"DDTREE_INVENTORY": str(root / "hosts"), "DDTREE_SNAPSHOTS": str(root / "snapshots"),
+           "PYTHONPATH": str(poison), "TRITON_INTERPRET": "0"}
+
+    def run(*args: str, timeout: float = 300):
+        return wheel_env.run(*args, timeout=timeout, **env)
+
+    package = Path(doc["site_packages"]) / "sglang"
+    yield run, env, doc, package
+    run("server", "stop", NAME, timeout=120)
+
+
+def test_cli_import_and_a_local_command_never_import_ssh_libraries(local, wheel_env) -> None:
+    _, env, _, _ = local
+    code = (
+        "import sys, importlib.abc\n"
+        "seen = []\n"
+        "class Spy(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {NO_SSH_LIBS!r}: seen.append(name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "import ddtree_deploy.cli as cli\n"
+        "try:\n"
+        f"    cli.main(['hosts', 'check', '{NAME}', '--json'])\n"
+        "except SystemExit as exc:\n"
+        "    print('EXIT', exc.code, 'SEEN', sorted(set(seen)), file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # the spy sees every import attempt, none may fail
+    proc = subprocess.run([str(wheel_env.venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                          env=wheel_env.env(**env), cwd=wheel_env.workdir, timeout=120)
+    assert "EXIT 0 SEEN []" in proc.stderr, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)[0]["sglang"] == "0.5.11"
+
+
+def test_snapshot_apply_probe_rollback_of_a_local_host(local) -> None:
+    run, _, doc, package = local
+    before = _tree_digest(package)
+    snap = run("snapshot", NAME, "--json")
+    assert snap.returncode == 0, snap.stdout + snap.stderr
+    taken = json.loads(snap.stdout)[0]
+    assert taken["version"] == "0.5.11" and taken["files"] > 1000
+
+    applied = run("apply", "--host", NAME, "--ignore-abi", "--json")  # this CPU torch is outside the patch set's range
+    assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+    report = json.loads(applied.stdout)
+    assert report["status"] == "ok"
+    stages = {s["name"]: s for s in report["probe"]["stages"]}
+    assert stages["generation"]["status"] == "pass" and stages["generation"]["data"]["spec_accept_length"] >= 1.0
+    assert stages["startup"]["data"]["server_runtime_path"].startswith(f"{doc['release_root']}/releases/{report['release']}/")
+    assert (Path(doc["release_root"]) / "current").resolve().name == report["release"]
+
+    probe = run("probe", NAME, "--json")
+    assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+
+    back = run("rollback", NAME, "--json")
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    releases = json.loads(run("releases", NAME, "--json").stdout)
+    assert releases["state"]["active"] is None and releases["current"] in (None, "base")  # "no overlay": the installed package
+    assert {r["id"]: r["status"] for r in releases["state"]["releases"]}[report["release"]] == "bad"
+    assert _tree_digest(package) == before  # the installed package was never written to
