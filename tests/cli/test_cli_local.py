@@ -98,3 +98,13 @@ def test_snapshot_apply_probe_rollback_of_a_local_host(local) -> None:
     assert releases["state"]["active"] is None and releases["current"] in (None, "base")  # "no overlay": the installed package
     assert {r["id"]: r["status"] for r in releases["state"]["releases"]}[report["release"]] == "bad"
     assert _tree_digest(package) == before  # the installed package was never written to
+
+
+def test_releases_table_and_verbose_log_of_the_local_host(local) -> None:
+    run, _, _, _ = local
+    table = run("releases", NAME)
+    assert table.returncode == 0, table.stderr
+    assert "journal" in table.stdout and "switch" in table.stdout and "{'" not in table.stdout
+    verbose = run("hosts", "check", NAME, "-v")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "local host (commands run here" in verbose.stderr and "hostinfo.check exit 0 in" in verbose.stderr
