@@ -39,7 +39,7 @@ def host_name(value: str) -> str | None:
     return "expected a plain host name (letters, digits, '.', '_', '-'; starting with a letter or digit; no '/' or '..')"
 
 
-#: How SGLang (or the sandbox's reference engine) runs on the host. See docs in hosts/ct129.yaml.
+#: How SGLang (or the sandbox's reference engine) runs on the host. Documented in hosts/examples/ct129.yaml.
 SERVER_SCHEMA: dict[str, Field] = {
     "kind": Field("str", default="none", choices=("none", "managed", "systemd"),
                   help="how the server runs: a managed process, a systemd unit, or none"),

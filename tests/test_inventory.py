@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ddtree_deploy.errors import InputError
-from ddtree_deploy.inventory import load_host_file, load_inventory, resolve_host
+from ddtree_deploy.inventory import load_host_file, load_inventory, resolve_host, scan_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,6 +105,13 @@ def test_shipped_examples_validate_and_are_not_in_the_default_inventory() -> Non
     assert hosts["ct129"].server["kind"] == "managed"
     assert hosts["gpu-local"].connection == "local"
     assert not list((REPO / "hosts").glob("ct*.yaml"))  # `hosts check` / `apply --all` on hosts/ never meet them
+
+
+def test_default_inventory_of_the_checkout_holds_no_examples() -> None:
+    """`hosts check` and `apply --all` on the checkout's hosts/ meet only what the sandbox wrote there."""
+    inventory = scan_inventory(REPO / "hosts")
+    assert not inventory.broken
+    assert all(h.sandbox for h in inventory.hosts.values()), sorted(inventory.hosts)
 
 
 def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:

@@ -131,8 +131,10 @@ def apply_cmd(
     if not dry_run:
         retry_file.parent.mkdir(parents=True, exist_ok=True)
     path = None if dry_run else write_retry_file(result, retry_file)
+    code = max(result.exit_code, EXIT_USAGE if unusable else 0)
     if as_json:
-        emit_json({**result.to_dict(), "unusable": unusable, "retry_file": str(path) if path else None})
+        emit_json({**result.to_dict(), "ok": code == 0, "exit_code": code, "unusable": unusable,
+                   "retry_file": str(path) if path else None})
     else:
         for r in result.reports:
             if not r.ok:
@@ -142,7 +144,7 @@ def apply_cmd(
             err.print(f"[bold red]{result.aborted}[/bold red]")
         if path:
             err.print(f"failed hosts written to {path}; rerun with --retry-failed")
-    raise typer.Exit(max(result.exit_code, EXIT_USAGE if unusable else 0))
+    raise typer.Exit(code)
 
 
 def probe_cmd(

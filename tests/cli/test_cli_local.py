@@ -108,3 +108,22 @@ def test_releases_table_and_verbose_log_of_the_local_host(local) -> None:
     verbose = run("hosts", "check", NAME, "-v")
     assert verbose.returncode == 0, verbose.stderr
     assert "local host (commands run here" in verbose.stderr and "hostinfo.check exit 0 in" in verbose.stderr
+
+
+def test_a_bad_host_file_takes_only_its_own_host_out_of_all(local) -> None:
+    run, env, _, _ = local
+    bad = Path(env["DDTREE_INVENTORY"]) / "broken.yaml"
+    bad.write_text("python: /usr/bin/python3\nsite_packages: /x\nrelease_root: /x/site/../y\nport: ssh\n")
+    try:
+        proc = run("apply", "--all", "--dry-run", "--ignore-abi", "--json")
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        doc = json.loads(proc.stdout)
+        assert [r["host"] for r in doc["hosts"]] == [NAME] and doc["hosts"][0]["status"] == "dry-run"
+        assert doc["ok"] is False and doc["exit_code"] == 2
+        assert "broken" in doc["unusable"] and "field 'port'" in doc["unusable"]["broken"]
+        assert f"{bad}" in proc.stderr and "left out" in proc.stderr  # the warning names the file
+        named = run("releases", "broken")
+        assert named.returncode == 2 and str(bad) in named.stderr and "Traceback" not in named.stderr
+        assert run("releases", NAME).returncode == 0  # the good host is still usable
+    finally:
+        bad.unlink()
