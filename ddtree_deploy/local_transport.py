@@ -23,12 +23,11 @@ from typing import IO, Iterable, Iterator
 
 from .errors import RemoteError, TransportError
 from .inventory import Host
-from .transport import HostConnection, RunResult, short
+from .transport import CHUNK, HostConnection, RunResult, StreamReader, pump_stdin, short
 
 log = logging.getLogger("ddtree_deploy.transport")
 
 SHELL = "/bin/sh"
-_CHUNK = 1 << 16
 #: Seconds the pipes may stay quiet after the shell exited before the command counts as done.
 _QUIET_AFTER_EXIT = 0.05
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME")
@@ -65,7 +64,7 @@ class LocalConnection(HostConnection):
         start = time.monotonic()
         deadline = start + timeout
         proc = self._spawn(command, stdin=stdin is not None)
-        writer = _start_writer(proc.stdin, stdin) if stdin is not None else None
+        writer = pump_stdin(stdin, proc.stdin.write, proc.stdin.close) if stdin is not None else None  # type: ignore[union-attr]
         out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()  # type: ignore[union-attr]
         buffers = {out_fd: bytearray(), err_fd: bytearray()}
         sel = selectors.DefaultSelector()
@@ -80,7 +79,7 @@ class LocalConnection(HostConnection):
                 events = sel.select(timeout=_QUIET_AFTER_EXIT)
                 for key, _ in events:
                     try:
-                        data = os.read(key.fd, _CHUNK)
+                        data = os.read(key.fd, CHUNK)
                     except BlockingIOError:
                         continue
                     if data:
@@ -128,28 +127,6 @@ class LocalConnection(HostConnection):
             proc.stdout.close()  # type: ignore[union-attr]
 
 
-def _start_writer(pipe: IO[bytes] | None, stdin: bytes | Iterable[bytes]) -> threading.Thread:
-    chunks: Iterable[bytes] = [stdin] if isinstance(stdin, (bytes, bytearray)) else stdin
-
-    def pump() -> None:
-        assert pipe is not None
-        try:
-            for chunk in chunks:
-                if chunk:
-                    pipe.write(chunk)
-        except (BrokenPipeError, OSError):
-            pass  # the command stopped reading; its exit status says why
-        finally:
-            try:
-                pipe.close()
-            except OSError:
-                pass
-
-    thread = threading.Thread(target=pump, daemon=True)
-    thread.start()
-    return thread
-
-
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """End the command and everything it started in its session (what closing an SSH session does)."""
     try:
@@ -162,9 +139,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-class _DeadlineReader:
-    """A read-only file object over a command's stdout: each read waits at most ``read_timeout`` for data, the
-    whole stream at most until ``deadline``."""
+class _DeadlineReader(StreamReader):
+    """A command's stdout: each read waits at most ``read_timeout`` for data, the whole stream ends at ``deadline``."""
 
     def __init__(self, proc: subprocess.Popen[bytes], deadline: float, read_timeout: float, host: str, command: str) -> None:
         self.proc, self.deadline, self.read_timeout, self.host, self.command = proc, deadline, read_timeout, host, command
@@ -173,26 +149,10 @@ class _DeadlineReader:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.fd, selectors.EVENT_READ)
 
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            parts = []
-            while True:
-                chunk = self.read(_CHUNK)
-                if not chunk:
-                    return b"".join(parts)
-                parts.append(chunk)
-        buf = bytearray()
-        while len(buf) < size:
-            now = time.monotonic()
-            if now > self.deadline:
-                raise TransportError(self.host, f"stream timed out: {short(self.command)}")
-            if not self.sel.select(timeout=min(self.read_timeout, self.deadline - now)):
-                raise TransportError(self.host, f"no data from {short(self.command)} within the read timeout")
-            chunk = os.read(self.fd, size - len(buf))
-            if not chunk:
-                break
-            buf += chunk
-        return bytes(buf)
-
-    def readable(self) -> bool:
-        return True
+    def read_chunk(self, size: int) -> bytes:
+        now = time.monotonic()
+        if now > self.deadline:
+            raise TransportError(self.host, f"stream timed out: {short(self.command)}")
+        if not self.sel.select(timeout=min(self.read_timeout, self.deadline - now)):
+            raise TransportError(self.host, f"no data from {short(self.command)} within the read timeout")
+        return os.read(self.fd, size)

@@ -69,22 +69,23 @@ def _env_path(variable: str) -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def patches_root() -> Path:
-    """``$DDTREE_PATCHES``, else the checkout's ``patches/``, else the patch sets shipped in the package."""
-    env = _env_path("DDTREE_PATCHES")
+def _chosen(variable: str | None, in_checkout: str, installed: Path) -> Path:
+    """The variable's path if set, else ``in_checkout`` under the checkout, else the installed default."""
+    env = _env_path(variable) if variable else None
     if env is not None:
         return env
     checkout = checkout_root()
-    return checkout / "patches" if checkout else PACKAGED_PATCHES
+    return checkout / in_checkout if checkout else installed
+
+
+def patches_root() -> Path:
+    """``$DDTREE_PATCHES``, else the checkout's ``patches/``, else the patch sets shipped in the package."""
+    return _chosen("DDTREE_PATCHES", "patches", PACKAGED_PATCHES)
 
 
 def inventory_dir() -> Path:
     """``$DDTREE_INVENTORY``, else the checkout's ``hosts/``, else ``$XDG_CONFIG_HOME/ddtree-deploy/hosts``."""
-    env = _env_path("DDTREE_INVENTORY")
-    if env is not None:
-        return env
-    checkout = checkout_root()
-    return checkout / "hosts" if checkout else config_dir() / "hosts"
+    return _chosen("DDTREE_INVENTORY", "hosts", config_dir() / "hosts")
 
 
 def inventory_is_explicit() -> bool:
@@ -94,23 +95,14 @@ def inventory_is_explicit() -> bool:
 
 def snapshot_root() -> Path:
     """``$DDTREE_SNAPSHOTS``, else the checkout's ``snapshots/``, else ``$XDG_DATA_HOME/ddtree-deploy/snapshots``."""
-    env = _env_path("DDTREE_SNAPSHOTS")
-    if env is not None:
-        return env
-    checkout = checkout_root()
-    return checkout / "snapshots" if checkout else data_dir() / "snapshots"
+    return _chosen("DDTREE_SNAPSHOTS", "snapshots", data_dir() / "snapshots")
 
 
 def retry_file() -> Path:
     """Where ``apply`` lists the hosts that failed, for ``--retry-failed``."""
-    checkout = checkout_root()
-    return checkout / "ddtree-deploy.retry" if checkout else state_dir() / "last-apply.retry"
+    return _chosen(None, "ddtree-deploy.retry", state_dir() / "last-apply.retry")
 
 
 def sandbox_dir() -> Path:
     """``$DDTREE_SANDBOX_DIR``, else the checkout's ``.sandbox/``, else ``$XDG_STATE_HOME/ddtree-deploy/sandbox``."""
-    env = _env_path("DDTREE_SANDBOX_DIR")
-    if env is not None:
-        return env.absolute()
-    checkout = checkout_root()
-    return checkout / ".sandbox" if checkout else state_dir() / "sandbox"
+    return _chosen("DDTREE_SANDBOX_DIR", ".sandbox", state_dir() / "sandbox").absolute()

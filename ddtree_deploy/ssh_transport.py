@@ -18,7 +18,6 @@ import fnmatch
 import logging
 import os
 import socket
-import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
@@ -28,7 +27,7 @@ from fabric import Config, Connection
 
 from .errors import HostKeyError, InputError, RemoteError, TransportError
 from .inventory import Host
-from .transport import HostConnection, RunResult, short
+from .transport import CHUNK, HostConnection, RunResult, StreamReader, pump_stdin, short
 
 log = logging.getLogger("ddtree_deploy.transport")
 # paramiko's transport thread logs its own exceptions (tracebacks included) at ERROR; we report every failure
@@ -36,7 +35,6 @@ log = logging.getLogger("ddtree_deploy.transport")
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _POLL = 0.002
-_CHUNK = 1 << 16
 DEFAULT_SSH_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
 
 
@@ -234,17 +232,20 @@ class SSHConnection(HostConnection):
         deadline = start + timeout
         chan = self._channel()
         out, err = bytearray(), bytearray()
-        writer_error: list[BaseException] = []
         try:
             chan.exec_command(command)
-            writer = self._start_writer(chan, stdin, writer_error)
+            writer = None
+            if stdin is None:
+                chan.shutdown_write()
+            else:
+                writer = pump_stdin(stdin, chan.sendall, chan.shutdown_write)
             while True:
                 progressed = False
                 while chan.recv_ready():
-                    out += chan.recv(_CHUNK)
+                    out += chan.recv(CHUNK)
                     progressed = True
                 while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(_CHUNK)
+                    err += chan.recv_stderr(CHUNK)
                     progressed = True
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
@@ -265,30 +266,6 @@ class SSHConnection(HostConnection):
         log.debug("%s: ran %s: exit %s in %.2f s", self.host.name, short(command, 80), code, result.seconds)
         return self.check_failed(result) if check else result
 
-    @staticmethod
-    def _start_writer(chan: paramiko.Channel, stdin: bytes | Iterable[bytes] | None, errors: list[BaseException]) -> threading.Thread | None:
-        if stdin is None:
-            chan.shutdown_write()
-            return None
-        chunks: Iterable[bytes] = [stdin] if isinstance(stdin, (bytes, bytearray)) else stdin
-
-        def pump() -> None:
-            try:
-                for chunk in chunks:
-                    if chunk:
-                        chan.sendall(chunk)
-            except BaseException as exc:  # surfaced by the caller through the exit status
-                errors.append(exc)
-            finally:
-                try:
-                    chan.shutdown_write()
-                except Exception:
-                    pass
-
-        thread = threading.Thread(target=pump, daemon=True)
-        thread.start()
-        return thread
-
     @contextmanager
     def stream_out(self, command: str, *, timeout: float | None = None) -> Iterator[Any]:
         timeout = timeout or self.host.command_timeout
@@ -304,7 +281,7 @@ class SSHConnection(HostConnection):
             if code != 0:
                 err = b""
                 while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(_CHUNK)
+                    err += chan.recv_stderr(CHUNK)
                 raise RemoteError(self.host.name, short(command), f"exit {code}: {err.decode(errors='replace')[-2000:]}", kind="exit")
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(self.host.name, f"stream from {short(command)} failed: {exc}") from exc
@@ -312,32 +289,16 @@ class SSHConnection(HostConnection):
             chan.close()
 
 
-class _DeadlineReader:
-    """A read-only file object over a channel's stdout that enforces an overall deadline."""
+class _DeadlineReader(StreamReader):
+    """A channel's stdout with an overall deadline (the channel's own timeout bounds each read)."""
 
     def __init__(self, chan: paramiko.Channel, deadline: float, host: str, command: str) -> None:
         self.chan, self.deadline, self.host, self.command = chan, deadline, host, command
 
-    def read(self, size: int = -1) -> bytes:
+    def read_chunk(self, size: int) -> bytes:
         if time.monotonic() > self.deadline:
             raise TransportError(self.host, f"stream timed out: {short(self.command)}")
-        if size is None or size < 0:
-            parts = []
-            while True:
-                chunk = self.read(_CHUNK)
-                if not chunk:
-                    return b"".join(parts)
-                parts.append(chunk)
-        buf = bytearray()
-        while len(buf) < size:
-            try:
-                chunk = self.chan.recv(size - len(buf))
-            except socket.timeout as exc:
-                raise TransportError(self.host, f"no data from {short(self.command)} within the read timeout") from exc
-            if not chunk:
-                break
-            buf += chunk
-        return bytes(buf)
-
-    def readable(self) -> bool:
-        return True
+        try:
+            return self.chan.recv(size)
+        except socket.timeout as exc:
+            raise TransportError(self.host, f"no data from {short(self.command)} within the read timeout") from exc

@@ -16,16 +16,19 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import threading
 import zlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import IO, Any, Iterable
+from typing import IO, Any, Callable, Iterable
 
 from .errors import RemoteError
 from .inventory import Host
 from .remote import RESULT_MARKER, program_for
 
 log = logging.getLogger("ddtree_deploy.transport")
+#: Bytes read from a command's output at a time.
+CHUNK = 1 << 16
 
 #: The line run by the host's Python: read the compressed program and its JSON arguments from stdin, run it.
 BOOT = (
@@ -127,6 +130,57 @@ def parse_reply(host: str, what: str, result: RunResult) -> Any:
     if not reply.get("ok"):
         raise RemoteError(host, what, reply.get("error", "unknown error"), kind=reply.get("kind", "error"))
     return reply.get("result")
+
+
+def pump_stdin(stdin: bytes | Iterable[bytes], send: Callable[[bytes], Any], close: Callable[[], Any]) -> threading.Thread:
+    """Feed ``stdin`` to a running command from a thread (a large tar stream must not wait for the output loop),
+    then close the command's input. A write that fails is left for the command's exit status to explain."""
+    chunks: Iterable[bytes] = [stdin] if isinstance(stdin, (bytes, bytearray)) else stdin
+
+    def pump() -> None:
+        try:
+            for chunk in chunks:
+                if chunk:
+                    send(chunk)
+        except Exception:
+            pass
+        finally:
+            try:
+                close()
+            except Exception:
+                pass
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+class StreamReader:
+    """A read-only file object over a command's stdout (what ``stream_out`` yields; tarfile reads it).
+
+    Subclasses implement ``read_chunk(n)``: at most ``n`` bytes, b"" at the end, raising TransportError when the
+    stream's deadline passes or no data comes within the read timeout.
+    """
+
+    def read_chunk(self, size: int) -> bytes:
+        raise NotImplementedError
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            parts = []
+            while chunk := self.read_chunk(CHUNK):
+                parts.append(chunk)
+            return b"".join(parts)
+        buf = bytearray()
+        while len(buf) < size:
+            chunk = self.read_chunk(size - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return bytes(buf)
+
+    def readable(self) -> bool:
+        return True
 
 
 def _connection_class(host: Host) -> type[HostConnection]:

@@ -3,10 +3,8 @@ timeouts that end the whole command, tar streams, the remote helper's reply prot
 
 from __future__ import annotations
 
-import io
 import os
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from ddtree_deploy.errors import RemoteError, TransportError
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.local_transport import LocalConnection
 from ddtree_deploy.transport import HostConnection
+from transport_checks import check_tar_streams_both_ways
 
 
 @pytest.fixture()
@@ -69,22 +68,8 @@ def test_a_detached_child_holding_the_pipes_does_not_hang_the_command(host) -> N
 
 
 def test_tar_streams_both_ways(host, tmp_path: Path) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for i in range(20):
-            data = (f"file {i}\n" * (i + 1) * 500).encode()
-            info = tarfile.TarInfo(f"d/f{i}.txt")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    raw = buf.getvalue()
-    dest = tmp_path / "in"
-    dest.mkdir()
     with HostConnection(host) as conn:
-        conn.send_stream(f"tar -x -C {dest}", [raw[i:i + 7000] for i in range(0, len(raw), 7000)])
-        with conn.stream_out(f"tar -c -C {dest} d") as stream:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                got = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
-        assert got["d/f3.txt"] == ("file 3\n" * 4 * 500).encode() and len(got) == 20
+        check_tar_streams_both_ways(conn, str(tmp_path / "in"))
         with pytest.raises(RemoteError, match="exit 2"):
             with conn.stream_out("echo partial; exit 2") as stream:
                 stream.read()
