@@ -18,9 +18,12 @@ sandbox state     $DDTREE_SANDBOX_DIR .sandbox/          $XDG_STATE_HOME/ddtree-
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import lru_cache
 from pathlib import Path
+
+log = logging.getLogger("ddtree_deploy.paths")
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: Where the wheel carries the patch sets (copied from the repo's top-level patches/ by the build, see setup.py).
@@ -73,9 +76,20 @@ def _chosen(variable: str | None, in_checkout: str, installed: Path) -> Path:
     """The variable's path if set, else ``in_checkout`` under the checkout, else the installed default."""
     env = _env_path(variable) if variable else None
     if env is not None:
-        return env
+        return _note(env, f"${variable}")
     checkout = checkout_root()
-    return checkout / in_checkout if checkout else installed
+    return _note(checkout / in_checkout, "the checkout") if checkout else _note(installed, "the installed default")
+
+
+@lru_cache(maxsize=None)
+def _noted(path: Path, why: str) -> None:
+    log.debug("using %s (%s)", path, why)
+
+
+def _note(path: Path, why: str) -> Path:
+    """Log each path choice once per run (``-v`` shows where things were looked for)."""
+    _noted(path, why)
+    return path
 
 
 def patches_root() -> Path:
