@@ -104,3 +104,26 @@ def test_domain_errors_keep_their_exit_codes(cli, tmp_path: Path) -> None:
     proc = cli("patchset", "show", "nosuch/sglang-0.0.1")
     assert proc.returncode == 2 and "nosuch/sglang-0.0.1" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ")
+
+
+def test_the_one_mapping_from_errors_to_exit_codes() -> None:
+    from ddtree_deploy import errors
+    from ddtree_deploy.cli_errors import classify
+
+    cases = [
+        (errors.InputError("hosts/x.yaml: field 'port': bad", hint="fix it"), "input", 2),
+        (errors.TransportError("h", "cannot connect"), "unreachable", 3),
+        (errors.HostKeyError("h", "unknown host key"), "unreachable", 3),
+        (errors.OperationFailed("probe failed"), "failed", 1),
+        (errors.RemoteError("h", "release.show", "boom"), "failed", 1),
+        (errors.AbiIncompatible("torch mismatch"), "abi", 4),
+        (errors.PatchDoesNotApply("hunk 2 of 0001"), "patch", 5),
+        (KeyboardInterrupt(), "interrupted", 130),
+        (RuntimeError("a bug"), "internal", 1),
+    ]
+    for exc, kind, code in cases:
+        failure = classify(exc)
+        assert (failure.kind, failure.exit_code) == (kind, code), exc
+        assert "\n" not in failure.message
+    assert classify(cases[0][0]).hint == "fix it"
+    assert "-v" in classify(RuntimeError("x")).hint
