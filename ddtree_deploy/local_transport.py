@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from typing import IO, Iterable, Iterator
 
 from .errors import RemoteError, TransportError
-from .inventory import Host
 from .transport import CHUNK, HostConnection, RunResult, StreamReader, pump_stdin, short
 
 log = logging.getLogger("ddtree_deploy.transport")
@@ -40,9 +39,6 @@ def command_env() -> dict[str, str]:
 
 class LocalConnection(HostConnection):
     """Runs every command of a ``connection: local`` host on this machine."""
-
-    def __init__(self, host: Host) -> None:
-        super().__init__(host)
 
     def open(self) -> None:
         log.debug("%s: local host (commands run here, through %s)", self.host.name, SHELL)

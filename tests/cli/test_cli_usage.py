@@ -60,10 +60,10 @@ def test_dash_h_works_everywhere_like_help(cli) -> None:
     assert len(paths) >= 30 and ["server", "start"] in paths and ["patchset", "refresh"] in paths
     with ThreadPoolExecutor(4) as pool:
         short = list(pool.map(lambda p: cli(*p, "-h"), paths))
-        long_ = list(pool.map(lambda p: cli(*p, "--help"), paths))
-    for path, a, b in zip(paths, short, long_, strict=True):
+    for path, a in zip(paths, short, strict=True):
         assert a.returncode == 0 and "Usage: ddtree-deploy " + " ".join(path) in a.stdout, (path, a.stderr)
-        assert a.stdout == b.stdout, path
+    for path in (["apply"], ["server", "start"], ["snapshot"], ["patchset", "check"]):  # -h is --help
+        assert cli(*path, "--help").stdout == short[paths.index(path)].stdout, path
 
 
 def test_a_group_without_a_command_prints_its_help(cli) -> None:
