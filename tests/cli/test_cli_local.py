@@ -129,13 +129,16 @@ def test_a_bad_host_file_takes_only_its_own_host_out_of_all(local) -> None:
         bad.unlink()
 
 
-def test_apply_dry_run_from_another_directory_keeps_the_store_in_the_user_data_dir(local, wheel_env) -> None:
+def test_apply_dry_run_from_another_directory_keeps_the_store_in_the_user_data_dir(local, wheel_env, tmp_path) -> None:
     """The first-hour defect: `apply --dry-run` run from some directory wrote a 34 MB ./snapshots there."""
     _, env, _, _ = local
+    home, cwd = tmp_path / "home", tmp_path / "somewhere"
+    home.mkdir()
+    cwd.mkdir()
     user_env = {k: v for k, v in env.items() if k != "DDTREE_SNAPSHOTS"}
-    proc = wheel_env.run("apply", "--host", NAME, "--dry-run", "--ignore-abi", **user_env)
+    proc = wheel_env.run("apply", "--host", NAME, "--dry-run", "--ignore-abi", cwd=cwd, HOME=str(home), **user_env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "nothing was touched" in proc.stdout
-    assert list(wheel_env.workdir.iterdir()) == []
-    store = wheel_env.home / ".local" / "share" / "ddtree-deploy" / "snapshots"
+    assert list(cwd.iterdir()) == []
+    store = home / ".local" / "share" / "ddtree-deploy" / "snapshots"
     assert (store / NAME).is_dir() and any((store / "objects").iterdir())
