@@ -9,7 +9,7 @@ import typer
 
 from ..console import emit_json, out, table
 from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError
-from ..inventory import Host, scan_inventory
+from ..inventory import Host, default_inventory_dir, scan_inventory
 from ..transport import HostConnection
 from ._options import InventoryOpt, JsonOpt, complete_host
 
@@ -35,6 +35,12 @@ def select(names: list[str] | None, all_hosts: bool, inventory: Path | None) -> 
     return [inv.get(name) for name in names or []], {}
 
 
+def _no_hosts(inventory: Path | None) -> str:
+    directory = inventory or default_inventory_dir()
+    return (f"no hosts in {directory} (write one: README 'Writing a host file for a real host'; examples in the "
+            "repo's hosts/examples/; or `ddtree-deploy sandbox up`)")
+
+
 @app.command("list")
 def list_cmd(inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """List the hosts of the inventory, validating every file (exit 2 if a file is bad; the rest are listed)."""
@@ -45,8 +51,7 @@ def list_cmd(inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) 
     if as_json:
         emit_json(rows)
     elif not rows:
-        out.print(f"no hosts in {inv.directory} (copy one of the repo's hosts/examples/ there, or run "
-                  "`ddtree-deploy sandbox up`)")
+        out.print(_no_hosts(inventory))
     else:
         out.print(table(f"hosts in {inv.directory}", ["name", "target", "port", "python", "release root", "server", "file"],
                         [[r["name"], r["target"], r["port"] or (22 if r["target"] != "local" else ""), r["python"],
@@ -65,6 +70,12 @@ def check_cmd(
     """Connect to each host and report its Python and installed SGLang version (exit 3 if one is unreachable, 2 if
     a host file is bad)."""
     selected, unusable = select(names, not names, inventory)
+    if not selected and not unusable:
+        if as_json:
+            emit_json([])
+        else:
+            out.print(_no_hosts(inventory))
+        return
     rows, worst = [], 0
     for host in selected:
         try:
