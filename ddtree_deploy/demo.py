@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .console import out, table
+from rich.table import Table
+
+from .console import out
 
 BASE, DRIFT = "sandbox-base", "sandbox-drift"
 BROKEN = Path(__file__).resolve().parent.parent / "tests" / "patchsets" / "broken-runtime" / "sglang-0.5.11"
@@ -68,6 +70,18 @@ def steps() -> list[Step]:
     ]
 
 
+def summary_table(results: list[list[str]], seconds: float) -> Table:
+    """The demo's recap. The step column wraps; exit, time and result never do, so at 80 columns every row still
+    ends with its exit code, time and verdict on one line."""
+    t = Table(title=f"demo summary ({seconds:.0f}s)", title_justify="left", header_style="bold")
+    t.add_column("step", ratio=1, overflow="fold")
+    for name, justify in (("exit", "left"), ("time", "right"), ("result", "left")):
+        t.add_column(name, no_wrap=True, justify=justify)  # type: ignore[arg-type]
+    for row in results:
+        t.add_row(*row)
+    return t
+
+
 def main() -> int:
     env = dict(os.environ)
     if not sys.stdout.isatty():
@@ -83,13 +97,14 @@ def main() -> int:
         code = subprocess.call(_cli(*argv), env=env)
         seconds = time.monotonic() - start
         ok = code == step.expect
-        results.append([step.title, f"{code} (expected {step.expect})", f"{seconds:.1f}s", "ok" if ok else "FAILED"])
+        results.append([step.title, str(code) if code == step.expect == 0 else f"{code} (want {step.expect})",
+                        f"{seconds:.1f}s", "ok" if ok else "FAILED"])
         if not ok:
             break
     else:
         code = 0
     out.rule("[bold]demo summary")
-    out.print(table(f"demo summary ({time.monotonic() - started:.0f}s)", ["step", "exit", "time", "result"], results))
+    out.print(summary_table(results, time.monotonic() - started))
     if code:
         out.print("[red]the demo stopped at the failed step; the sandbox is left running for inspection "
                   "(`ddtree-deploy sandbox down` removes it)[/red]")

@@ -1,22 +1,45 @@
-"""Host inventory: one YAML file per host under ``hosts/``, validated into a frozen ``Host``.
+"""Host inventory: one YAML file per host, validated into a frozen ``Host``.
 
 Everything later in the flow (transport, snapshot, release, server, probe) reads hosts from here and nowhere
-else, so a typo is caught once, with the file and field named, before any host is touched.
+else, so a typo is caught once, with the file and field named, before any host is touched. A bad file takes only
+its own host out: the other hosts stay usable, the bad one is reported loudly (a warning naming the file and
+field on every load), and a command that names it fails with exit 2. Every problem of a file is listed at once.
+
+Where the inventory is: ``--inventory``, ``$DDTREE_INVENTORY``, the checkout's ``hosts/``, else
+``~/.config/ddtree-deploy/hosts`` (ddtree_deploy.paths). Documented examples live in ``hosts/examples/``, which is
+never loaded by default.
 """
 
 from __future__ import annotations
 
-import os
+import logging
+import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
+from . import paths
 from .errors import InputError
-from .schema import Field, absolute_path, port_range, positive, validate
+from .schema import Field, absolute_path, collect, port_range, positive, raise_problems
 
-#: How SGLang (or the sandbox's reference engine) runs on the host. See docs in hosts/ct129.yaml.
+log = logging.getLogger("ddtree_deploy.inventory")
+
+#: A host name is used as a directory name (snapshots) and in file names: a plain identifier, no path parts.
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: Fields that only mean something for SSH; a ``connection: local`` host must not set them.
+SSH_ONLY = ("address", "ssh_alias", "ssh_config", "user", "port", "identity_file", "trust_on_first_use", "ssh_agent")
+
+
+def host_name(value: str) -> str | None:
+    if HOST_NAME.match(value) and ".." not in value:
+        return None
+    return "expected a plain host name (letters, digits, '.', '_', '-'; starting with a letter or digit; no '/' or '..')"
+
+
+#: How SGLang (or the sandbox's reference engine) runs on the host. Documented in hosts/examples/ct129.yaml.
 SERVER_SCHEMA: dict[str, Field] = {
     "kind": Field("str", default="none", choices=("none", "managed", "systemd"),
                   help="how the server runs: a managed process, a systemd unit, or none"),
@@ -42,7 +65,9 @@ PROBE_SCHEMA: dict[str, Field] = {
 }
 
 HOST_SCHEMA: dict[str, Field] = {
-    "name": Field("str", help="host name; defaults to the file name"),
+    "name": Field("str", check=host_name, help="host name; defaults to the file name"),
+    "connection": Field("str", default="ssh", choices=("ssh", "local"),
+                        help="ssh (default), or local: this machine, commands run as local subprocesses"),
     "description": Field("str", default=""),
     "address": Field("str", help="DNS name or IP; or give ssh_alias"),
     "ssh_alias": Field("str", help="a Host entry of the ssh_config file (honours HostName, Port, User, ProxyJump)"),
@@ -52,6 +77,7 @@ HOST_SCHEMA: dict[str, Field] = {
     "identity_file": Field("str", default=None),
     "known_hosts": Field("str", default="~/.ssh/known_hosts", help="known_hosts file checked strictly"),
     "trust_on_first_use": Field("bool", default=False, help="accept and record an unknown key once (never a changed one)"),
+    "ssh_agent": Field("bool", default=True, help="offer the keys held in ssh-agent, as OpenSSH does (false: never)"),
     "connect_timeout": Field("float", default=10.0, check=positive),
     "command_timeout": Field("float", default=600.0, check=positive),
     "python": Field("str", required=True, check=absolute_path, help="the interpreter SGLang runs under"),
@@ -81,6 +107,8 @@ class Host:
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     trust_on_first_use: bool = False
+    ssh_agent: bool = True
+    connection: str = "ssh"
     connect_timeout: float = 10.0
     command_timeout: float = 600.0
     keep_releases: int = 5
@@ -91,7 +119,9 @@ class Host:
 
     @property
     def target(self) -> str:
-        """What we hand to ssh: the alias when there is one, else the address."""
+        """What we hand to ssh: the alias when there is one, else the address ("local" for a local host)."""
+        if self.connection == "local":
+            return "local"
         return self.ssh_alias or self.address or self.name
 
     def summary(self) -> dict[str, Any]:
@@ -109,51 +139,174 @@ class Host:
 
 
 def default_inventory_dir() -> Path:
-    """``$DDTREE_INVENTORY`` if set, else ``./hosts``."""
-    return Path(os.environ.get("DDTREE_INVENTORY", "hosts"))
+    """``$DDTREE_INVENTORY``, else the checkout's ``hosts/``, else the user config dir (ddtree_deploy.paths)."""
+    return paths.inventory_dir()
 
 
-def load_host_file(path: Path) -> Host:
-    """Parse and validate one host file; every error names ``path`` and the field."""
-    source = str(path)
+def _read_text(path: Path, source: str) -> str:
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"{source}: cannot read host file: {exc.strerror}") from exc
     try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}, line {line})",
+                         hint="save the host file as UTF-8") from exc
+
+
+def load_host_file(path: Path) -> Host:
+    """Parse and validate one host file; every problem is reported at once, each naming ``path`` and the field."""
+    source = str(path)
+    text = _read_text(path, source)
+    try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"{source}: not valid YAML: {exc}") from exc
+        raise InputError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from exc
     if doc is None:
         raise InputError(f"{source}: empty host file (expected a mapping with python, site_packages, release_root)")
-    data = validate(doc, HOST_SCHEMA, source=source)
-    if not data["address"] and not data["ssh_alias"]:
-        raise InputError(f"{source}: missing required field 'address': expected a string (or give 'ssh_alias')")
+    data, problems = collect(doc, HOST_SCHEMA)
+    if isinstance(doc, dict):
+        problems += _cross_field_problems(doc, data, path)
+    raise_problems(source, problems)
     name = data.pop("name") or path.stem
     return Host(name=name, source=source, **data)
 
 
-def load_inventory(directory: Path | None = None) -> dict[str, Host]:
-    """All hosts of the inventory directory, by name. Duplicate names are an error naming both files."""
+def _cross_field_problems(doc: dict[str, Any], data: dict[str, Any], path: Path) -> list[str]:
+    """What one field alone cannot say: how the host is reached, and where releases may live."""
+    problems = []
+    if "name" not in doc and host_name(path.stem):
+        problems.append(f"file name {path.name!r} is not a plain host name: rename it or set field 'name'")
+    if data.get("connection") == "local":
+        given = [f for f in SSH_ONLY if doc.get(f) is not None]
+        problems += [f"field '{f}': not used with connection: local (the host is this machine)" for f in given]
+    elif "connection" in data and not doc.get("address") and not doc.get("ssh_alias"):
+        problems.append("missing required field 'address': expected a string (or give 'ssh_alias', or "
+                        "'connection: local' for this machine)")
+    root, site = data.get("release_root"), data.get("site_packages")
+    if root and site:
+        problems += release_root_problems(root, site)
+    return problems
+
+
+def release_root_problems(release_root: str, site_packages: str) -> list[str]:
+    """``release_root`` must lie outside site-packages (and so outside the installed package): releases are
+    written there, and the installed package is never to be touched."""
+    root, site = posixpath.normpath(release_root), posixpath.normpath(site_packages)
+    package = posixpath.join(site, "sglang")
+    if root == "/":
+        return ["field 'release_root': expected a directory of its own, got '/'"]
+    for inside, what in ((package, "the installed package"), (site, "site-packages")):
+        if root == inside or root.startswith(inside.rstrip("/") + "/"):
+            return [f"field 'release_root': must be outside {what} ({inside}), got {release_root!r}"]
+    return []
+
+
+@dataclass
+class Inventory:
+    """The hosts of an inventory directory: the good ones by name, and each bad file with why it is bad."""
+
+    directory: Path
+    hosts: dict[str, Host] = field(default_factory=dict)
+    broken: dict[str, InputError] = field(default_factory=dict)  # host name (or file stem) -> its error
+    broken_files: dict[str, str] = field(default_factory=dict)  # host name (or file stem) -> file
+
+    def warn(self, skip: Iterable[str] = ()) -> None:
+        """One warning per bad file: it names the file and field, and says the host is left out (``skip``: hosts
+        the command names, whose error is raised instead)."""
+        done = {self.broken_files.get(n) for n in skip}
+        for name, error in self.broken.items():
+            if self.broken_files[name] in done:
+                continue
+            done.add(self.broken_files[name])
+            log.warning("%s; host %r is left out until its file is fixed", error.message.replace("\n", "\n    "), name)
+
+    def get(self, name: str) -> Host:
+        """A host by name, or by the path of its YAML file; a host whose file is bad is an error (exit 2)."""
+        path = host_file_path(name)
+        if path is not None:
+            return load_host_file(path)
+        if name in self.hosts:
+            return self.hosts[name]
+        if name in self.broken:
+            error = self.broken[name]
+            raise InputError(f"host {name!r} cannot be used: {error.message}", hint=error.hint) from error
+        known = ", ".join(sorted(self.hosts)) or "none"
+        bad = f"; unusable: {', '.join(sorted(self.broken))}" if self.broken else ""
+        raise InputError(f"unknown host {name!r} (inventory {self.directory} has: {known}{bad})",
+                         hint="`ddtree-deploy hosts list` shows the inventory; README: 'Writing a host file'")
+
+
+def host_file_path(name: str) -> Path | None:
+    """``name`` as the path of a host file, when it is one (``hosts/gpu1.yaml``), else None."""
+    path = Path(name)
+    return path if path.suffix in (".yaml", ".yml") and path.is_file() else None
+
+
+def _names_in(path: Path) -> list[str]:
+    """The host names a (possibly broken) file claims: its 'name' field if readable, and its file stem."""
+    names = [path.stem]
+    try:
+        doc = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except Exception:
+        return names
+    if isinstance(doc, dict) and isinstance(doc.get("name"), str) and doc["name"] not in names:
+        names.insert(0, doc["name"])
+    return names
+
+
+def scan_inventory(directory: Path | None = None) -> Inventory:
+    """Load every ``*.yaml`` of the inventory directory; bad files are collected, not raised.
+
+    Two files claiming one name both become unusable (which one was meant cannot be known). A missing default
+    inventory is empty; a missing inventory the user chose (flag or $DDTREE_INVENTORY) is an error.
+    """
+    explicit = directory is not None or paths.inventory_is_explicit()
     directory = directory or default_inventory_dir()
+    inventory = Inventory(directory)
     if not directory.is_dir():
-        raise InputError(f"{directory}: inventory directory not found (set --inventory or DDTREE_INVENTORY)")
-    hosts: dict[str, Host] = {}
+        if explicit:
+            raise InputError(f"{directory}: inventory directory not found (set --inventory or DDTREE_INVENTORY)")
+        log.debug("no inventory at %s (the default); no hosts", directory)
+        return inventory
+    sources: dict[str, str] = {}
     for path in sorted(directory.glob("*.yaml")):
-        host = load_host_file(path)
-        if host.name in hosts:
-            raise InputError(f"{path}: host name '{host.name}' already defined in {hosts[host.name].source}")
-        hosts[host.name] = host
-    return hosts
+        try:
+            host = load_host_file(path)
+        except InputError as exc:
+            for name in _names_in(path):
+                inventory.broken.setdefault(name, exc)
+                inventory.broken_files.setdefault(name, str(path))
+            continue
+        if host.name in sources:
+            exc = InputError(f"{path}: host name {host.name!r} already defined in {sources[host.name]}",
+                             hint="give each host file its own 'name'")
+            inventory.hosts.pop(host.name, None)
+            inventory.broken[host.name] = exc
+            inventory.broken_files[host.name] = str(path)
+            continue
+        sources[host.name] = str(path)
+        if host.name in inventory.broken:
+            continue  # a duplicate of a file already found broken stays out too
+        inventory.hosts[host.name] = host
+    log.debug("inventory %s: %d host(s), %d unusable", directory, len(inventory.hosts), len(inventory.broken))
+    return inventory
+
+
+def load_inventory(directory: Path | None = None) -> dict[str, Host]:
+    """The usable hosts of the inventory, by name; each bad file is reported as a warning and left out."""
+    inventory = scan_inventory(directory)
+    inventory.warn()
+    return inventory.hosts
 
 
 def resolve_host(name: str, directory: Path | None = None) -> Host:
-    """A host by name (or by the path of its YAML file)."""
-    candidate = Path(name)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        return load_host_file(candidate)
-    hosts = load_inventory(directory)
-    if name not in hosts:
-        known = ", ".join(sorted(hosts)) or "none"
-        raise InputError(f"unknown host '{name}' (inventory {directory or default_inventory_dir()} has: {known})")
-    return hosts[name]
+    """A host by name (or by the path of its YAML file). A host whose file is bad is an error (exit 2)."""
+    path = host_file_path(name)
+    if path is not None:
+        return load_host_file(path)
+    inventory = scan_inventory(directory)
+    inventory.warn(skip=[name])
+    return inventory.get(name)

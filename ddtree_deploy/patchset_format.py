@@ -21,6 +21,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from . import paths
 from .errors import InputError, PatchDoesNotApply
 from .overlay import check_relative_path
 from .schema import Field, validate
@@ -41,14 +42,9 @@ MODE_FILE, MODE_EXEC, MODE_SYMLINK, MODE_GITLINK = "100644", "100755", "120000",
 
 
 def default_patches_root() -> Path:
-    """Where named patch sets live: ``$DDTREE_PATCHES``, else ``./patches``, else the checkout's ``patches/``."""
-    env = os.environ.get("DDTREE_PATCHES")
-    if env:
-        return Path(env)
-    local = Path.cwd() / "patches"
-    if local.is_dir():
-        return local
-    return Path(__file__).resolve().parent.parent / "patches"
+    """Where named patch sets live: ``$DDTREE_PATCHES``, else the checkout's ``patches/``, else the packaged ones
+    (never the current directory's ``patches/``: see ddtree_deploy.paths)."""
+    return paths.patches_root()
 
 
 # -- parsed patches ------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Callable
 
 import yaml
 
+from . import paths
 from .errors import OperationFailed
 from .wheels import fetch_wheel
 
@@ -59,7 +60,8 @@ class SandboxState:
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("DDTREE_SANDBOX_DIR", ".sandbox")).absolute()
+    """``$DDTREE_SANDBOX_DIR``, else the checkout's ``.sandbox/``, else the user state dir (ddtree_deploy.paths)."""
+    return paths.sandbox_dir()
 
 
 class Sandbox:
@@ -68,7 +70,7 @@ class Sandbox:
     def __init__(self, root: Path | None = None, inventory: Path | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         self.root = (root or default_root()).absolute()
-        self.inventory = (inventory or Path(os.environ.get("DDTREE_INVENTORY", "hosts"))).absolute()
+        self.inventory = (inventory or paths.inventory_dir()).absolute()
         self.log = log or (lambda msg: None)
 
     # -- state -----------------------------------------------------------------------------------------------------
@@ -137,18 +139,9 @@ class Sandbox:
         if marker.exists() and marker.read_text().strip() == host.sglang:
             return
         self.log(f"{host.name}: installing sglang=={host.sglang} (no deps) into its Python environment")
-        wheel = fetch_wheel("sglang", host.sglang)
-        venv = f"{MOUNT_POINT}/venv"
-        site = f"{venv}/lib/{PY_TAG}/site-packages"
         shutil.rmtree(host.fs / "venv", ignore_errors=True)
-        cmd = (f"{sys.executable} -m venv --without-pip --system-site-packages {venv} && "
-               f"{sys.executable} -m pip install --quiet --no-deps --no-compile --disable-pip-version-check "
-               f"--no-warn-script-location --target {site} {wheel}")
-        _run(self._in_namespace(host, cmd))
-        refengine = Path(__file__).parent / "refengine"
-        if refengine.is_dir():
-            shutil.copytree(refengine, host.fs / "venv" / "lib" / PY_TAG / "site-packages" / "ddtree_refengine",
-                            ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+        _run(self._in_namespace(host, python_env_command(f"{MOUNT_POINT}/venv", fetch_wheel("sglang", host.sglang))))
+        copy_refengine(host.fs / "venv" / "lib" / PY_TAG / "site-packages")
         (host.fs / "ddtree").mkdir(exist_ok=True)
         marker.write_text(host.sglang)
 
@@ -191,32 +184,15 @@ class Sandbox:
 
     def _write_inventory(self, host: SandboxHost) -> None:
         self.inventory.mkdir(parents=True, exist_ok=True)
-        site = f"{MOUNT_POINT}/venv/lib/{PY_TAG}/site-packages"
-        doc = {
-            "name": host.name,
-            "description": f"local sandbox host (sglang {host.sglang}), made by `ddtree-deploy sandbox up`",
+        doc = host_document(host.name, host.sglang, host.server_port, f"{MOUNT_POINT}/venv", f"{MOUNT_POINT}/ddtree", {
             "address": "127.0.0.1",
             "port": host.ssh_port,
             "user": "root",
             "identity_file": str(self.client_dir / "id_ed25519"),
             "known_hosts": str(self.client_dir / "known_hosts"),
             "connect_timeout": 5.0,
-            "command_timeout": 300.0,
-            "python": f"{MOUNT_POINT}/venv/bin/python",
-            "site_packages": site,
-            "release_root": f"{MOUNT_POINT}/ddtree",
-            "sandbox": True,
-            "server": {
-                "kind": "managed",
-                "command": "{python} -m ddtree_refengine --host {host} --port {port} {ddtree_flags}",
-                "ddtree_flags": "--speculative-algorithm DDTREE --ddtree-budget 16",
-                "host": "127.0.0.1",
-                "port": host.server_port,
-                "stop_timeout": 10.0,
-            },
-            "probe": {"startup_timeout": 120.0, "generation_timeout": 60.0,
-                      "prompts": ["the quick brown fox", "hello world", "speculative decoding"], "max_new_tokens": 24},
-        }
+        })
+        doc["description"] += ", made by `ddtree-deploy sandbox up`"
         Path(host.inventory_file).write_text(
             "# Written by `ddtree-deploy sandbox up`; removed by `sandbox down`.\n" + yaml.safe_dump(doc, sort_keys=False))
 
@@ -246,6 +222,69 @@ class Sandbox:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
+def python_env_command(venv: str, wheel: Path) -> str:
+    """Shell command that makes a Python environment at ``venv`` (this interpreter, its site-packages visible for
+    torch) with ``wheel`` installed into it without dependencies."""
+    site = f"{venv}/lib/{PY_TAG}/site-packages"
+    return (f"{sys.executable} -m venv --without-pip --system-site-packages {venv} && "
+            f"{sys.executable} -m pip install --quiet --no-deps --no-compile --disable-pip-version-check "
+            f"--no-warn-script-location --target {site} {wheel}")
+
+
+def copy_refengine(site_packages: Path) -> None:
+    """The GPU-less reference engine, importable as ``ddtree_refengine`` (what the hosts' servers run)."""
+    refengine = Path(__file__).parent / "refengine"
+    if refengine.is_dir():
+        shutil.copytree(refengine, site_packages / "ddtree_refengine", ignore=shutil.ignore_patterns("__pycache__"),
+                        dirs_exist_ok=True)
+
+
+def host_document(name: str, sglang: str, server_port: int, venv: str, release_root: str,
+                  reach: dict[str, object]) -> dict[str, object]:
+    """A sandbox host file: how to reach the host (``reach``), its Python, and the reference engine as its server."""
+    return {
+        "name": name,
+        "description": f"local sandbox host (sglang {sglang})",
+        **reach,
+        "command_timeout": 300.0,
+        "python": f"{venv}/bin/python",
+        "site_packages": f"{venv}/lib/{PY_TAG}/site-packages",
+        "release_root": release_root,
+        "sandbox": True,
+        "server": {
+            "kind": "managed",
+            "command": "{python} -m ddtree_refengine --host {host} --port {port} {ddtree_flags}",
+            "ddtree_flags": "--speculative-algorithm DDTREE --ddtree-budget 16",
+            "host": "127.0.0.1",
+            "port": server_port,
+            "stop_timeout": 10.0,
+        },
+        "probe": {"startup_timeout": 120.0, "generation_timeout": 60.0,
+                  "prompts": ["the quick brown fox", "hello world", "speculative decoding"], "max_new_tokens": 24},
+    }
+
+
+def make_local_host(directory: Path, inventory: Path, name: str = "local", sglang: str = DEFAULT_HOSTS[0][1]) -> Path:
+    """A ``connection: local`` host on this machine: a Python environment with a real SGLang release under
+    ``directory``, a release root beside it, and its host file in ``inventory`` (returned). No root, no sshd.
+
+    What ``connection: local`` is for is the GPU box itself; this makes one anywhere, for trying and testing it.
+    """
+    directory = directory.absolute()
+    venv = directory / "venv"
+    if not (venv / "bin" / "python").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        _run(["sh", "-c", python_env_command(str(venv), fetch_wheel("sglang", sglang))])
+        copy_refengine(venv / "lib" / PY_TAG / "site-packages")
+    (directory / "ddtree").mkdir(exist_ok=True)
+    doc = host_document(name, sglang, _free_port(exclude=set()), str(venv), str(directory / "ddtree"),
+                        {"connection": "local"})
+    inventory.mkdir(parents=True, exist_ok=True)
+    path = inventory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def _check_prerequisites() -> None:
     if os.geteuid() != 0:
         raise OperationFailed("the sandbox needs root (it gives each host its own mount namespace with unshare)")

@@ -1,7 +1,8 @@
 """A tiny declarative validator for YAML documents, so every error names the file, the field and what was expected.
 
-We keep this instead of a schema library because the messages are the product: "hosts/ct129.yaml: field
-'port': expected an integer between 1 and 65535, got 'ssh'" is what a user needs, and nothing else.
+We keep this instead of a schema library because the messages are the product: "hosts/gpu1.yaml: field
+'port': expected an integer between 1 and 65535, got 'ssh'" is what a user needs, and nothing else. Every problem
+of a document is reported at once (one line each), so a file is fixed in one pass.
 """
 
 from __future__ import annotations
@@ -60,48 +61,78 @@ def _type_ok(kind: str, value: Any) -> bool:
 
 
 def validate(doc: Any, schema: dict[str, Field], *, source: str, prefix: str = "") -> dict[str, Any]:
-    """Check ``doc`` against ``schema``; return a dict with defaults filled in, or raise InputError."""
+    """Check ``doc`` against ``schema``; return a dict with defaults filled in, or raise one InputError that lists
+    every problem of the document (a user fixes a file once, not once per error)."""
+    data, problems = collect(doc, schema, prefix=prefix)
+    raise_problems(source, problems)
+    return data
+
+
+def collect(doc: Any, schema: dict[str, Field], *, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+    """Like :func:`validate`, but return the problems (each naming its field) instead of raising.
+
+    Fields with a problem are left out of the returned data, so a caller can go on checking the rest.
+    """
+    problems: list[str] = []
+    return _collect(doc, schema, prefix, problems), problems
+
+
+def raise_problems(source: str, problems: list[str]) -> None:
+    """One problem: ``<file>: <problem>``; several: a count, then one line each."""
+    if not problems:
+        return
     where = f"{source}: " if source else ""
+    if len(problems) == 1:
+        raise InputError(f"{where}{problems[0]}")
+    listed = "\n".join(f"  - {p}" for p in problems)
+    raise InputError(f"{where}{len(problems)} problems:\n{listed}")
+
+
+def _collect(doc: Any, schema: dict[str, Field], prefix: str, problems: list[str]) -> dict[str, Any]:
     if not isinstance(doc, dict):
         name = f"section '{prefix.rstrip('.')}'" if prefix else "document"
-        raise InputError(f"{where}{name}: expected a mapping, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - set(schema))
-    if unknown:
-        known = ", ".join(sorted(schema))
-        raise InputError(f"{where}unknown field '{prefix}{unknown[0]}' (known fields here: {known})")
+        problems.append(f"{name}: expected a mapping, got {type(doc).__name__}")
+        return {}
+    known = ", ".join(sorted(schema))
+    for name in sorted(set(doc) - set(schema), key=str):
+        problems.append(f"unknown field '{prefix}{name}' (known fields here: {known})")
     out: dict[str, Any] = {}
     for name, spec in schema.items():
         path = f"{prefix}{name}"
         if name not in doc or doc[name] is None:
             if spec.required:
                 what = f" ({spec.help})" if spec.help else ""
-                raise InputError(f"{where}missing required field '{path}': expected {_EXPECT.get(spec.kind, spec.kind)}{what}")
+                problems.append(f"missing required field '{path}': expected {_EXPECT.get(spec.kind, spec.kind)}{what}")
+                continue
             default = spec.default() if callable(spec.default) else spec.default
             if spec.kind == "mapping" and spec.fields is not None and default is None:
-                default = validate({}, spec.fields, source=source, prefix=f"{path}.")
+                default = _collect({}, spec.fields, f"{path}.", problems)
             out[name] = default
             continue
-        out[name] = _validate_value(doc[name], spec, source=source, path=path)
+        before = len(problems)
+        value = _collect_value(doc[name], spec, path, problems)
+        if len(problems) == before:
+            out[name] = value
     return out
 
 
-def _validate_value(value: Any, spec: Field, *, source: str, path: str) -> Any:
-    where = f"{source}: " if source else ""
+def _collect_value(value: Any, spec: Field, path: str, problems: list[str]) -> Any:
     if not _type_ok(spec.kind, value):
-        raise InputError(
-            f"{where}field '{path}': expected {_EXPECT.get(spec.kind, spec.kind)}, got {value!r} ({type(value).__name__})"
-        )
+        problems.append(f"field '{path}': expected {_EXPECT.get(spec.kind, spec.kind)}, got {value!r} ({type(value).__name__})")
+        return None
     if spec.choices and value not in spec.choices:
         allowed = ", ".join(repr(c) for c in spec.choices)
-        raise InputError(f"{where}field '{path}': expected one of {allowed}, got {value!r}")
+        problems.append(f"field '{path}': expected one of {allowed}, got {value!r}")
+        return None
     if spec.check is not None:
         problem = spec.check(value)
         if problem:
-            raise InputError(f"{where}field '{path}': {problem}, got {value!r}")
+            problems.append(f"field '{path}': {problem}, got {value!r}")
+            return None
     if spec.kind == "mapping" and spec.fields is not None:
-        return validate(value, spec.fields, source=source, prefix=f"{path}.")
+        return _collect(value, spec.fields, f"{path}.", problems)
     if spec.kind == "list" and spec.items is not None:
-        return [_validate_value(v, spec.items, source=source, path=f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_collect_value(v, spec.items, f"{path}[{i}]", problems) for i, v in enumerate(value)]
     return value
 
 

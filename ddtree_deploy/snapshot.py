@@ -1,6 +1,6 @@
 """Content-addressed snapshots of the SGLang installed on a host: exact bytes, a hash manifest and the host's facts.
 
-Store layout (root: ``$DDTREE_SNAPSHOTS`` or ``./snapshots``)::
+Store layout (root: ``--store``, ``$DDTREE_SNAPSHOTS``, the checkout's ``snapshots/`` or ``$XDG_DATA_HOME/ddtree-deploy/snapshots``)::
 
     objects/<sha256>                 one read-only blob per distinct file content, shared by every host
     objects/.incoming/<pid>-<rand>   blobs being received; renamed into place only once their hash matched
@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import facts as facts_mod
+from . import paths
 from .errors import InputError, OperationFailed, RemoteError, TransportError
 from .inventory import Host
 from .transport import HostConnection
@@ -69,7 +70,8 @@ _READ = 1 << 20
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("DDTREE_SNAPSHOTS", "snapshots"))
+    """``$DDTREE_SNAPSHOTS``, else the checkout's ``snapshots/``, else the user data dir (ddtree_deploy.paths)."""
+    return paths.snapshot_root()
 
 
 @dataclass
@@ -262,9 +264,11 @@ class SnapshotStore:
         if local_zstd:
             decompress = subprocess.Popen([local_zstd, "-dc", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL)
-        receiver = subprocess.Popen([sys.executable, "-I", "-S", "-c", _RECEIVER_PROGRAM, str(job_file)],
+        stored = _StoredBytes()
+        receiver = subprocess.Popen([sys.executable, "-I", "-S", "-c", _RECEIVER_PROGRAM, str(job_file), str(stored.fd)],
                                     stdin=decompress.stdout if decompress else subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(stored.fd,))
+        stored.started()
         if decompress is not None:
             assert decompress.stdout is not None
             decompress.stdout.close()  # the receiver holds it now; EOF must reach it when zstd exits
@@ -276,9 +280,10 @@ class SnapshotStore:
         try:
             with _cut_is_transport_error(host.name, lambda: pumped), \
                     conn.stream_out(command, timeout=max(host.command_timeout, 60.0)) as stream:
-                # progress counts bytes on the wire; compressed, the total is not known in advance
+                # progress counts bytes on the wire; compressed, the wire total is not known in advance, so it counts
+                # the bytes the receiver has stored, against the manifest's total (a real total and ETA either way)
                 wire_total = 0 if decompress is not None else total
-                report("transfer", 0, wire_total)
+                report("transfer", 0, total)
                 last = 0.0
                 try:
                     while True:
@@ -290,7 +295,7 @@ class SnapshotStore:
                         now = time.monotonic()
                         if now - last > 0.05:
                             last = now
-                            report("transfer", min(pumped, wire_total) if wire_total else pumped, wire_total)
+                            report("transfer", min(pumped, wire_total) if wire_total else stored.bytes, total)
                 except BrokenPipeError:
                     pass  # the receiver stopped early and says why below
                 except (TransportError, OSError, EOFError) as exc:
@@ -315,6 +320,7 @@ class SnapshotStore:
                 if proc is not None and proc.poll() is None:
                     proc.kill()
                     proc.wait()
+            stored.close()
             for tmp in self.incoming.glob(f"{receiver.pid}-*"):
                 tmp.unlink(missing_ok=True)
             job_file.unlink(missing_ok=True)
@@ -557,7 +563,8 @@ def _tar_entries(stream: Any) -> Any:
         yield text, flag, data
 
 
-def _receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: Any) -> dict[str, Any]:
+def _receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: Any,
+                   on_stored: Any = None) -> dict[str, Any]:
     """Read a tar stream, storing each wanted regular file as ``objects/<sha256>`` once its hash matched.
 
     Runs in a child process (stdlib only; see ``_RECEIVER_PROGRAM``). Member names are only looked up in
@@ -597,23 +604,72 @@ def _receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: 
             raise
         names.append(name)
         total += len(data)
+        if on_stored is not None:
+            on_stored(total)
     return {"stored": len(names), "bytes": total, "names": names}
 
 
 _RECEIVER_PROGRAM = ("from __future__ import annotations\nfrom typing import Any\n" + inspect.getsource(_tar_entries)
                      + "\n\n" + inspect.getsource(_receive_blobs) + """
-import json, sys
+import json, os, sys, time
 data = open(0, "rb", buffering=1 << 20, closefd=False)
 with open(sys.argv[1]) as fh:
     job = json.load(fh)
+_progress_fd, _last = (int(sys.argv[2]) if len(sys.argv) > 2 else None), [0.0]
+
+
+def _stored(total):
+    # bytes of file content stored so far, on the progress pipe (at most every 50 ms): the parent's progress bar
+    # has a real total and ETA even when the wire carries compressed bytes
+    now = time.monotonic()
+    if now - _last[0] >= 0.05:
+        _last[0] = now
+        try:
+            os.write(_progress_fd, b"%d\\n" % total)
+        except OSError:
+            pass
+
+
 try:
-    result = _receive_blobs(job["objects"], job["incoming"], job["wanted"], data)
+    result = _receive_blobs(job["objects"], job["incoming"], job["wanted"], data,
+                            _stored if _progress_fd is not None else None)
 except EOFError as exc:
     result = {"error": "stream ended early: %s" % exc, "kind": "truncated"}
 except Exception as exc:
     result = {"error": str(exc), "kind": type(exc).__name__}
 sys.stdout.write(json.dumps(result))
 """)
+
+
+class _StoredBytes:
+    """The receiver's progress pipe: it writes the running count of stored bytes, a thread here keeps the last."""
+
+    def __init__(self) -> None:
+        self._read, self.fd = os.pipe()
+        self.bytes = 0
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def started(self) -> None:
+        os.close(self.fd)  # the receiver holds the write end now; EOF reaches us when it exits
+        self.fd = -1
+        self._thread.start()
+
+    def _follow(self) -> None:
+        with os.fdopen(self._read, "rb") as fh:
+            for line in fh:
+                try:
+                    self.bytes = int(line)
+                except ValueError:
+                    continue
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self._thread.ident is None:
+            os.close(self._read)  # never started: no reader owns the read end
+        else:
+            self._thread.join(timeout=5)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from ddtree_deploy.errors import InputError
-from ddtree_deploy.inventory import load_host_file, load_inventory
+from ddtree_deploy.inventory import load_host_file, load_inventory, resolve_host, scan_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,23 +89,105 @@ def test_not_yaml_and_not_mapping(tmp_path: Path) -> None:
         load_host_file(bad)
 
 
-def test_duplicate_names_name_both_files(tmp_path: Path) -> None:
+def test_duplicate_names_take_both_hosts_out_naming_both_files(tmp_path: Path) -> None:
     write(tmp_path, {**GOOD, "name": "same"}, "a.yaml")
     write(tmp_path, {**GOOD, "name": "same"}, "b.yaml")
+    write(tmp_path, GOOD, "other.yaml")
+    assert set(load_inventory(tmp_path)) == {"other"}
     with pytest.raises(InputError, match=r"b\.yaml.*already defined in .*a\.yaml"):
-        load_inventory(tmp_path)
+        resolve_host("same", tmp_path)
 
 
-def test_shipped_examples_validate() -> None:
-    hosts = load_inventory(REPO / "hosts")
-    assert {"ct129", "ct200"} <= set(hosts)
+def test_shipped_examples_validate_and_are_not_in_the_default_inventory() -> None:
+    hosts = load_inventory(REPO / "hosts" / "examples")
+    assert {"ct129", "ct200", "gpu-local"} <= set(hosts)
     assert hosts["ct200"].ssh_alias == "ct200"
     assert hosts["ct129"].server["kind"] == "managed"
+    assert hosts["gpu-local"].connection == "local"
+    assert not list((REPO / "hosts").glob("ct*.yaml"))  # `hosts check` / `apply --all` on hosts/ never meet them
+
+
+def test_default_inventory_of_the_checkout_holds_no_examples() -> None:
+    """`hosts check` and `apply --all` on the checkout's hosts/ meet only what the sandbox wrote there."""
+    inventory = scan_inventory(REPO / "hosts")
+    assert not inventory.broken
+    assert all(h.sandbox for h in inventory.hosts.values()), sorted(inventory.hosts)
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    doc = {**GOOD, "port": "ssh", "colour": "blue", "python": "venv/bin/python", "server": {"kind": "docker"}}
+    del doc["release_root"]
+    path = write(tmp_path, doc)
+    with pytest.raises(InputError) as info:
+        load_host_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: 5 problems:")
+    for needle in ("field 'port': expected an integer", "unknown field 'colour'", "field 'python': expected an absolute",
+                   "field 'server.kind': expected one of", "missing required field 'release_root'"):
+        assert needle in message, needle
+    assert len(message.splitlines()) == 6
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "..", ".hidden", "sp ace", "x" * 65, "semi;colon"])
+def test_unsafe_host_names_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InputError, match=r"field 'name': expected a plain host name"):
+        load_host_file(write(tmp_path, {**GOOD, "name": name}))
+
+
+@pytest.mark.parametrize("release_root, inside", [
+    ("/opt/venv/lib/python3.12/site-packages", "site-packages"),
+    ("/opt/venv/lib/python3.12/site-packages/ddtree", "site-packages"),
+    ("/opt/venv/lib/python3.12/site-packages/sglang", "the installed package"),
+    ("/opt/venv/lib/python3.12/site-packages/sglang/srt/../ddtree", "the installed package"),
+    ("/opt/venv/lib/python3.12/./site-packages/x", "site-packages"),
+])
+def test_release_root_inside_site_packages_or_the_package_is_refused(tmp_path: Path, release_root: str, inside: str) -> None:
+    path = write(tmp_path, {**GOOD, "release_root": release_root})
+    with pytest.raises(InputError) as info:
+        load_host_file(path)
+    assert str(path) in str(info.value) and "field 'release_root'" in str(info.value)
+    assert f"must be outside {inside}" in str(info.value)
+
+
+def test_release_root_beside_site_packages_is_fine(tmp_path: Path) -> None:
+    host = load_host_file(write(tmp_path, {**GOOD, "release_root": "/opt/venv/ddtree"}))
+    assert host.release_root == "/opt/venv/ddtree"
+    with pytest.raises(InputError, match="field 'release_root': expected an absolute path"):
+        load_host_file(write(tmp_path, {**GOOD, "release_root": "ddtree"}))
+
+
+def test_local_connection_needs_no_address_and_refuses_ssh_fields(tmp_path: Path) -> None:
+    local = {k: v for k, v in GOOD.items() if k not in ("address", "user")}
+    host = load_host_file(write(tmp_path, {**local, "connection": "local"}))
+    assert host.connection == "local" and host.target == "local"
+    with pytest.raises(InputError) as info:
+        load_host_file(write(tmp_path, {**local, "connection": "local", "address": "x", "port": 22}))
+    assert "field 'address': not used with connection: local" in str(info.value)
+    assert "field 'port': not used with connection: local" in str(info.value)
+    with pytest.raises(InputError, match="expected one of 'ssh', 'local'"):
+        load_host_file(write(tmp_path, {**GOOD, "connection": "telnet"}))
+
+
+def test_one_bad_file_takes_only_its_own_host_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path, GOOD, "good.yaml")
+    write(tmp_path, {**GOOD, "port": "ssh"}, "bad.yaml")
+    with caplog.at_level("WARNING", logger="ddtree_deploy.inventory"):
+        hosts = load_inventory(tmp_path)
+    assert set(hosts) == {"good"}
+    warning = caplog.records[0].getMessage()
+    assert str(tmp_path / "bad.yaml") in warning and "'port'" in warning and "left out" in warning
+    assert resolve_host("good", tmp_path).name == "good"
+    with pytest.raises(InputError, match=r"host 'bad' cannot be used: .*bad\.yaml: field 'port'") as info:
+        resolve_host("bad", tmp_path)
+    assert info.value.exit_code == 2
 
 
 def test_cli_exits_2_naming_file_and_field(tmp_path: Path) -> None:
     write(tmp_path, {**GOOD, "port": "ssh"})
-    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy", "hosts", "list", "--inventory", str(tmp_path)],
+    write(tmp_path, GOOD, "good.yaml")
+    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy", "hosts", "list", "--inventory", str(tmp_path), "--json"],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "gpu1.yaml" in proc.stderr and "'port'" in proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert rows["good"]["ok"] is True and rows["gpu1"]["ok"] is False and "'port'" in rows["gpu1"]["error"]

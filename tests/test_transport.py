@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import socket
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ import yaml
 
 from ddtree_deploy.errors import HostKeyError, RemoteError, TransportError
 from ddtree_deploy.transport import HostConnection
+from transport_checks import check_tar_streams_both_ways
 
 pytestmark = pytest.mark.sandbox
 
@@ -47,24 +46,9 @@ def test_hosts_have_their_own_files(sandbox) -> None:
         assert b.run("cat /srv/ddtree-host/whoami").text() == "drift\n"
 
 
-def test_tar_streams_both_ways(sandbox, tmp_path: Path) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for i in range(20):
-            data = (f"file {i}\n" * (i + 1) * 500).encode()
-            info = tarfile.TarInfo(f"d/f{i}.txt")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    raw = buf.getvalue()
-    chunks = [raw[i : i + 7000] for i in range(0, len(raw), 7000)]
+def test_tar_streams_both_ways(sandbox) -> None:
     with HostConnection(sandbox.base) as conn:
-        conn.run("rm -rf /tmp/tarin && mkdir -p /tmp/tarin")
-        conn.send_stream("tar -x -C /tmp/tarin", chunks)
-        with conn.stream_out("tar -c -C /tmp/tarin d") as stream:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                got = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
-    assert len(got) == 20
-    assert got["d/f3.txt"] == ("file 3\n" * 4 * 500).encode()
+        check_tar_streams_both_ways(conn, "/tmp/tarin")
 
 
 def test_remote_helper_round_trip(sandbox) -> None:

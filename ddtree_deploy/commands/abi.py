@@ -18,10 +18,11 @@ from rich.markup import escape
 
 from .. import abi
 from ..console import emit_json, err, out
-from ..errors import EXIT_ABI, EXIT_UNREACHABLE, DeployError, InputError
+from ..errors import EXIT_ABI, EXIT_UNREACHABLE, EXIT_USAGE, DeployError, InputError
 from ..facts import gather
-from ..inventory import load_inventory, resolve_host
 from ..snapshot import SnapshotStore
+from . import hosts as hosts_cmd
+from ._options import InventoryOpt, StoreOpt, complete_host
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
 
@@ -57,7 +58,8 @@ def parse_requirements(items: list[str]) -> dict[str, str]:
 
 
 def abi_command(
-    names: list[str] = typer.Argument(None, help="hosts to compare (their latest snapshots unless --live)"),
+    names: list[str] = typer.Argument(None, help="hosts to compare (their latest snapshots unless --live)",
+                                      autocompletion=complete_host),
     all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
     live: bool = typer.Option(False, "--live", help="read facts from the hosts now (one SSH round trip each)"),
     facts_files: list[Path] = typer.Option(None, "--facts", help="a recorded facts JSON file to include as a host (repeatable)"),
@@ -65,17 +67,14 @@ def abi_command(
     base_version: Optional[str] = typer.Option(None, "--base-version", help="sglang version the patch set is built for"),
     built_on: Optional[str] = typer.Option(None, "--built-on", help="host whose build the overlay's compiled files come from "
                                             "(each other host must match it)"),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="inventory directory (default: $DDTREE_INVENTORY or ./hosts)"),
-    store: Optional[Path] = typer.Option(None, "--store", help="snapshot store (default: $DDTREE_SNAPSHOTS or ./snapshots)"),
+    inventory: Optional[Path] = InventoryOpt,
+    store: Optional[Path] = StoreOpt,
     as_json: bool = typer.Option(False, "--json", help="print JSON (matrix and findings) instead of tables"),
 ) -> None:
     """Compare hosts' binary-compatibility facts (python ABI, glibc, torch release + CUDA tag, driver vs CUDA, GPU arch
     vs arch list, kernel packages and their torch pins) and report what breaks, why and how to fix it. Exit 4 on errors."""
     facts_by_host: dict[str, dict[str, Any]] = {}
-    if all_hosts:
-        hosts = list(load_inventory(inventory).values())
-    else:
-        hosts = [resolve_host(n, inventory) for n in (names or [])]
+    hosts, unusable_files = hosts_cmd.select(names, all_hosts, inventory)
     if not hosts and not facts_files:
         raise InputError("name at least one host, or give --all or --facts FILE")
     st = SnapshotStore(store)
@@ -126,3 +125,5 @@ def abi_command(
         raise typer.Exit(EXIT_ABI)
     if unreachable:
         raise typer.Exit(EXIT_UNREACHABLE)
+    if unusable_files:
+        raise typer.Exit(EXIT_USAGE)

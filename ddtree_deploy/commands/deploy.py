@@ -10,15 +10,15 @@ import typer
 from .. import deploy as deploy_mod
 from ..console import emit_json, err, out, table
 from ..deploy import ApplyReport
-from ..errors import EXIT_FAILED, InputError
-from ..fleet import DEFAULT_RETRY_FILE, read_retry_file, rollout, write_retry_file
-from ..inventory import Host, load_inventory, resolve_host
+from .. import paths
+from ..errors import EXIT_FAILED, EXIT_USAGE, InputError
+from ..fleet import read_retry_file, rollout, write_retry_file
+from ..inventory import Host, resolve_host
 from ..probe import ProbeResult
 from ..server import ServerControl
 from ..transport import HostConnection
-
-InventoryOpt = typer.Option(None, "--inventory", "-i", help="inventory directory (default: $DDTREE_INVENTORY or ./hosts)")
-JsonOpt = typer.Option(False, "--json", help="print JSON instead of tables")
+from . import hosts as hosts_cmd
+from ._options import HostArg, InventoryOpt, JsonOpt, complete_host
 
 
 def _progress(message: str) -> None:
@@ -60,7 +60,7 @@ def print_report(report: ApplyReport) -> None:
     out.print(f"[{style}]{report.host}: {report.status}[/{style}]: {report.message}", highlight=False)
 
 
-def print_recap(reports: list[ApplyReport], skipped: list[str]) -> None:
+def print_recap(reports: list[ApplyReport], skipped: list[str], unusable: dict[str, str] | None = None) -> None:
     rows = []
     for r in reports:
         stage = r.probe.failed_stage.name if r.probe and r.probe.failed_stage else ""
@@ -70,26 +70,32 @@ def print_recap(reports: list[ApplyReport], skipped: list[str]) -> None:
         rows.append([r.host, r.status, r.release or "", back, stage,
                      f"{sum(r.timings.values()):.1f}", r.message[:90]])
     rows += [[name, "skipped", "", "", "", "", "not started"] for name in skipped]
+    rows += [[name, "unusable", "", "", "", "", f"bad host file: {why}"[:90]] for name, why in (unusable or {}).items()]
     out.print(table("recap", ["host", "status", "release", "rolled back to", "failed stage", "seconds", "message"], rows))
 
 
 def _select_hosts(names: list[str] | None, all_hosts: bool, retry_failed: bool, retry_file: Path,
-                  inventory: Path | None) -> list[Host]:
+                  inventory: Path | None) -> tuple[list[Host], dict[str, str]]:
+    """The hosts to deploy to, and (for --all) the inventory's unusable ones, which are reported, not deployed."""
     if sum(bool(x) for x in (names, all_hosts, retry_failed)) != 1:
         raise InputError("choose the hosts with exactly one of --host H (repeatable), --all, or --retry-failed")
-    if all_hosts:
-        return list(load_inventory(inventory).values())
     if retry_failed:
         names = read_retry_file(retry_file)
-    return [resolve_host(n, inventory) for n in names or []]
+    selected, unusable = hosts_cmd.select(names, all_hosts, inventory)
+    if not selected:
+        raise InputError("no usable host in the inventory" + (f" ({len(unusable)} bad host file(s))" if unusable else ""),
+                         hint="`ddtree-deploy hosts list` shows the inventory and what is wrong with it")
+    return selected, unusable
 
 
 # -- commands ------------------------------------------------------------------------------------------------------------
 def apply_cmd(
-    hosts: list[str] = typer.Option(None, "--host", "-H", help="host to deploy to (repeat for several; the first is the canary)"),
+    hosts: list[str] = typer.Option(None, "--host", "-H", help="host to deploy to (repeat for several; the first is the canary)",
+                                    autocompletion=complete_host),
     all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="the hosts listed in the retry file of the last apply"),
-    retry_file: Path = typer.Option(DEFAULT_RETRY_FILE, "--retry-file", help="where failed hosts are written / read"),
+    retry_file: Optional[Path] = typer.Option(None, "--retry-file", help="where failed hosts are written / read (default: "
+                                              "ddtree-deploy.retry in the checkout, else ~/.local/state/ddtree-deploy/last-apply.retry)"),
     patchset: Optional[str] = typer.Option(None, "--patchset", help="patch set name (default: the one for the host's sglang version)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the overlay diff and the ABI verdict; touch nothing"),
     ignore_abi: bool = typer.Option(False, "--ignore-abi", help="push despite ABI errors (loud; for experts)"),
@@ -107,13 +113,14 @@ def apply_cmd(
     prompts recorded in <release_root>/probe-baseline.json). Exit 0 all healthy, 1 a probe failed (rolled back),
     2 bad input, 3 unreachable, 4 ABI, 5 patch.
     """
-    selected = _select_hosts(hosts, all_hosts, retry_failed, retry_file, inventory)
+    retry_file = retry_file or paths.retry_file()
+    selected, unusable = _select_hosts(hosts, all_hosts, retry_failed, retry_file, inventory)
 
     def action(host: Host) -> ApplyReport:
         return deploy_mod.apply(host, patchset=patchset, dry_run=dry_run, ignore_abi=ignore_abi, break_lock=break_lock,
                                 record_baseline=not no_baseline, progress=_progress)
 
-    if len(selected) == 1 and not retry_failed:
+    if len(selected) == 1 and not retry_failed and not unusable:
         report = action(selected[0])  # a refusal raises with its own exit code
         if as_json:
             emit_json(report.to_dict())
@@ -121,23 +128,27 @@ def apply_cmd(
             print_report(report)
         raise typer.Exit(report.exit_code)
     result = rollout(selected, action, max_parallel=max_parallel, max_fail=max_fail, progress=_progress)
+    if not dry_run:
+        retry_file.parent.mkdir(parents=True, exist_ok=True)
     path = None if dry_run else write_retry_file(result, retry_file)
+    code = max(result.exit_code, EXIT_USAGE if unusable else 0)
     if as_json:
-        emit_json({**result.to_dict(), "retry_file": str(path) if path else None})
+        emit_json({**result.to_dict(), "ok": code == 0, "exit_code": code, "unusable": unusable,
+                   "retry_file": str(path) if path else None})
     else:
         for r in result.reports:
             if not r.ok:
                 print_report(r)
-        print_recap(result.reports, result.skipped)
+        print_recap(result.reports, result.skipped, unusable)
         if result.aborted:
             err.print(f"[bold red]{result.aborted}[/bold red]")
         if path:
             err.print(f"failed hosts written to {path}; rerun with --retry-failed")
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(code)
 
 
 def probe_cmd(
-    host: str = typer.Argument(..., help="host name (or path of its YAML)"),
+    host: str = HostArg,
     record_baseline: bool = typer.Option(False, "--record-baseline", help="restart with DDTree off, record the fixed prompts' "
                                          "replies as the baseline on the host, restart as configured, then probe"),
     with_ddtree: bool = typer.Option(False, "--with-ddtree", help="record the baseline with DDTree on instead"),
@@ -157,7 +168,7 @@ def probe_cmd(
 
 
 def rollback_cmd(
-    host: str = typer.Argument(..., help="host name"),
+    host: str = HostArg,
     to: Optional[str] = typer.Option(None, "--to", help="release id to go back to, or 'installed' for no overlay "
                                      "(default: the recorded previous good release)"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the host lock even if another run holds it"),
@@ -176,7 +187,7 @@ def rollback_cmd(
 
 
 def releases_cmd(
-    host: str = typer.Argument(..., help="host name"),
+    host: str = HostArg,
     journal: int = typer.Option(10, "--journal", help="journal lines to show"),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
@@ -201,9 +212,21 @@ def releases_cmd(
     if info["lock"]:
         lk = info["lock"]
         out.print(f"[yellow]locked by run {lk.get('run_id')} ({lk.get('user')}@{lk.get('control_host')}, since {lk.get('taken')})[/yellow]")
-    for line in info["journal"]:
-        extra = {k: v for k, v in line.items() if k not in ("time", "event", "host")}
-        out.print(f"[dim]{line['time']} {line['event']} {extra}[/dim]", highlight=False)
+    if info["journal"]:
+        out.print(journal_table(info["journal"], f"{h.name}: journal (last {len(info['journal'])})"))
+
+
+def journal_table(lines: list[dict[str, Any]], title: str) -> Any:
+    """The journal as a table: time, event, the release it concerns, the run, and the rest as key=value."""
+    rows = []
+    for line in lines:
+        release = line.get("release") or (f"{line.get('from') or 'none'} → {line.get('to') or 'none'}"
+                                          if "to" in line or "from" in line else "")
+        rest = {k: v for k, v in line.items() if k not in ("time", "event", "host", "release", "from", "to", "run")}
+        detail = "  ".join(f"{k}={v}" for k, v in rest.items() if v not in (None, "", [], {}))
+        rows.append([str(line.get("time", ""))[:19].replace("T", " "), line.get("event"), release, line.get("run") or "",
+                     detail])
+    return table(title, ["time", "event", "release", "run", "detail"], rows)
 
 
 # -- server ---------------------------------------------------------------------------------------------------------------
@@ -220,28 +243,28 @@ def _server(host: str, inventory: Path | None, fn: Any) -> Any:
 
 
 @server_app.command("start")
-def server_start(host: str = typer.Argument(...), inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+def server_start(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Start the server on the active release (DDTree flags on only when an overlay is active)."""
     res = _server(host, inventory, lambda c, a: c.start(release=a, ddtree=a is not None))
     emit_json(res) if as_json else out.print(f"started: {res}")
 
 
 @server_app.command("stop")
-def server_stop(host: str = typer.Argument(...), inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+def server_stop(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Stop the server (SIGTERM to its process group, SIGKILL after server.stop_timeout)."""
     res = _server(host, inventory, lambda c, a: c.stop())
     emit_json(res) if as_json else out.print(f"stopped: {res}")
 
 
 @server_app.command("restart")
-def server_restart(host: str = typer.Argument(...), inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+def server_restart(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Stop, then start on the active release."""
     res = _server(host, inventory, lambda c, a: c.restart(release=a, ddtree=a is not None))
     emit_json(res) if as_json else out.print(f"restarted: {res}")
 
 
 @server_app.command("status")
-def server_status(host: str = typer.Argument(...), inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+def server_status(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Whether the server runs, its pid, the release it was started on, its uptime."""
     res = _server(host, inventory, lambda c, a: {**c.status(), "active_release": a})
     if as_json:
@@ -253,7 +276,7 @@ def server_status(host: str = typer.Argument(...), inventory: Optional[Path] = I
 
 
 @server_app.command("logs")
-def server_logs(host: str = typer.Argument(...), lines: int = typer.Option(100, "--lines", "-n"),
+def server_logs(host: str = HostArg, lines: int = typer.Option(100, "--lines", "-n"),
                 previous: bool = typer.Option(False, "--previous", help="the log of the run before this one"),
                 inventory: Optional[Path] = InventoryOpt) -> None:
     """The tail of the server log."""

@@ -18,6 +18,7 @@ from ..errors import DeployError, InputError, PatchDoesNotApply
 from ..patch_apply import apply_patchset, render_diff
 from ..patch_base import BaseSource, open_base
 from ..patchset_format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
+from ._options import JsonOpt
 
 app = typer.Typer(
     help="DDTree patch sets (patches/<name>/sglang-<version>/patchset.yaml): a versioned series of patches plus "
@@ -37,8 +38,8 @@ DriftOpt = typer.Option(False, "--allow-base-drift", help="try the series on a b
                         "(version or file hashes differ); reported loudly in the output and the overlay notes")
 ThreeWayOpt = typer.Option(False, "--3way", help="when a patch does not apply exactly, retry it as a 3-way merge "
                            "against the patch set's own base release; every patch that needed it is reported")
-RootOpt = typer.Option(None, "--patches", help="patch-set root (default: $DDTREE_PATCHES, else ./patches)")
-JsonOpt = typer.Option(False, "--json", help="print JSON instead of tables")
+RootOpt = typer.Option(None, "--patches", help="patch-set root (default: $DDTREE_PATCHES, the checkout's patches/, "
+                       "else the patch sets installed with ddtree-deploy)")
 
 
 def _resolve(name: str, base: BaseSource | None, root: Optional[Path], allow_drift: bool) -> PatchSet:

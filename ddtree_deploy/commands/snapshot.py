@@ -10,26 +10,23 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-import click
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from ..console import emit_json, err, out, table
-from ..errors import DeployError, InputError, OperationFailed
+from ..errors import EXIT_USAGE, DeployError, InputError, OperationFailed
 from ..facts import get
-from ..inventory import load_inventory, resolve_host
 from ..snapshot import Snapshot, SnapshotStore
+from . import hosts as hosts_cmd
+from ._options import InventoryOpt, JsonOpt, StoreOpt, complete_host
 
-StoreOpt = typer.Option(None, "--store", help="snapshot store directory (default: $DDTREE_SNAPSHOTS or ./snapshots)")
-InventoryOpt = typer.Option(None, "--inventory", "-i", help="inventory directory (default: $DDTREE_INVENTORY or ./hosts)")
-JsonOpt = typer.Option(False, "--json", help="print JSON instead of tables")
 
 
 class _DefaultToTake(typer.core.TyperGroup):
     """``snapshot HOST`` means ``snapshot take HOST``: anything that is not a subcommand is a host name."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and not args[0].startswith("-") and args[0] not in self.commands:
             args = ["take", *args]
         return super().parse_args(ctx, args)
@@ -57,7 +54,7 @@ def _summary(s: Snapshot) -> dict[str, Any]:
 
 @snapshot_app.command("take")
 def take(
-    names: list[str] = typer.Argument(None, help="hosts to snapshot"),
+    names: list[str] = typer.Argument(None, help="hosts to snapshot", autocompletion=complete_host),
     all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
     inventory: Optional[Path] = InventoryOpt,
     store: Optional[Path] = StoreOpt,
@@ -65,12 +62,9 @@ def take(
     as_json: bool = JsonOpt,
 ) -> None:
     """Snapshot hosts (what `snapshot HOST` runs). Exit 3 if a host is unreachable; the others are still taken."""
-    if all_hosts:
-        hosts = list(load_inventory(inventory).values())
-    elif names:
-        hosts = [resolve_host(n, inventory) for n in names]
-    else:
+    if not all_hosts and not names:
         raise InputError("name at least one host, or give --all")
+    hosts, unusable = hosts_cmd.select(names, all_hosts, inventory)
     st = SnapshotStore(store)
     rows: list[dict[str, Any]] = []
     worst = 0
@@ -91,6 +85,9 @@ def take(
                 err.print(f"[bold red]{host.name}:[/bold red] {exc}", highlight=False)
                 continue
         rows.append(_summary(snap))
+    for name, why in unusable.items():
+        worst = max(worst, EXIT_USAGE)
+        rows.append({"host": name, "error": why})
     if as_json:
         emit_json(rows)
     else:

@@ -1,0 +1,98 @@
+"""``ddtree-deploy hosts list|check``: the inventory, and whether its hosts answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..console import emit_json, out, table
+from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError
+from ..inventory import Host, default_inventory_dir, scan_inventory
+from ..transport import HostConnection
+from ._options import InventoryOpt, JsonOpt, complete_host
+
+app = typer.Typer(help="The host inventory (one YAML file per host): list the hosts, check that they answer. "
+                  "Examples to copy: hosts/examples/ in the repo; README: 'Writing a host file for a real host'.",
+                  no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="hosts")
+
+
+def select(names: list[str] | None, all_hosts: bool, inventory: Path | None) -> tuple[list[Host], dict[str, str]]:
+    """The hosts a command works on: those named, or with ``all_hosts`` every usable host of the inventory.
+
+    Returns the hosts and, for ``--all``, the unusable ones (name -> why); a named unusable host raises (exit 2).
+    Bad files are warned about either way.
+    """
+    inv = scan_inventory(inventory)
+    inv.warn(skip=[] if all_hosts else names or [])
+    if all_hosts:
+        return list(inv.hosts.values()), {n: e.message for n, e in inv.broken.items()}
+    return [inv.get(name) for name in names or []], {}
+
+
+def _no_hosts(inventory: Path | None) -> str:
+    directory = inventory or default_inventory_dir()
+    return (f"no hosts in {directory} (write one: README 'Writing a host file for a real host'; examples in the "
+            "repo's hosts/examples/; or `ddtree-deploy sandbox up`)")
+
+
+@app.command("list")
+def list_cmd(inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+    """List the hosts of the inventory, validating every file (exit 2 if a file is bad; the rest are listed)."""
+    inv = scan_inventory(inventory)
+    inv.warn()
+    rows: list[dict[str, Any]] = [{"ok": True, **h.summary()} for h in inv.hosts.values()]
+    rows += [{"ok": False, "name": n, "file": inv.broken_files[n], "error": e.message} for n, e in inv.broken.items()]
+    if as_json:
+        emit_json(rows)
+    elif not rows:
+        out.print(_no_hosts(inventory))
+    else:
+        out.print(table(f"hosts in {inv.directory}", ["name", "target", "port", "python", "release root", "server", "file"],
+                        [[r["name"], r["target"], r["port"] or (22 if r["target"] != "local" else ""), r["python"],
+                          r["release_root"], r["server"], r["file"]] if r["ok"]
+                         else [r["name"], "UNUSABLE", "", r["error"], "", "", r["file"]] for r in rows]))
+    if inv.broken:
+        raise typer.Exit(EXIT_USAGE)
+
+
+@app.command("check")
+def check_cmd(
+    names: list[str] = typer.Argument(None, help="hosts to check (default: every usable host)", autocompletion=complete_host),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Connect to each host and report its Python and installed SGLang version (exit 3 if one is unreachable, 2 if
+    a host file is bad)."""
+    selected, unusable = select(names, not names, inventory)
+    if not selected and not unusable:
+        if as_json:
+            emit_json([])
+        else:
+            out.print(_no_hosts(inventory))
+        return
+    rows, worst = [], 0
+    for host in selected:
+        try:
+            with HostConnection(host) as conn:
+                info = conn.call("hostinfo", "check", site_packages=host.site_packages, timeout=host.connect_timeout * 6)
+            rows.append({"host": host.name, "ok": True, **info})
+        except DeployError as exc:
+            worst = max(worst, exc.exit_code if exc.exit_code != 1 else EXIT_UNREACHABLE)
+            rows.append({"host": host.name, "ok": False, "error": str(exc)})
+    for name, why in unusable.items():
+        worst = max(worst, EXIT_USAGE)
+        rows.append({"host": name, "ok": False, "error": why})
+    if as_json:
+        emit_json(rows)
+    else:
+        out.print(table("host check", ["host", "ok", "python", "sglang", "detail"], [
+            [r["host"], "yes" if r["ok"] else "NO", r.get("python"), r.get("sglang"),
+             r.get("error") or ("" if r.get("sglang_dir_exists") else "no sglang in site_packages")] for r in rows]))
+    if worst:
+        raise typer.Exit(worst)
