@@ -142,8 +142,8 @@ def _tp_worker(rank, world, port, hs, w, k, q, verify_path, runtime_dir):
     shard = _Shard(rank * per, per, per)
     head = SimpleNamespace(weight=w[rank * per:(rank + 1) * per], shard_indices=shard)
     lp, tok = dv.ddtree_draft_topk(hs, head, k, tp_group=Group(), chunk_size=16)
-    if rank == 0:
-        q.put((lp, tok))
+    if rank == 0:  # plain lists: a tensor would be shared through a descriptor that dies with this process
+        q.put((lp.tolist(), tok.tolist()))
     dist.destroy_process_group()
 
 
@@ -167,7 +167,7 @@ def test_draft_topk_tensor_parallel_gathers_only_candidates(patched_tree: Path):
     procs = [ctx.Process(target=_tp_worker, args=(r, 2, port, hs, w, k, q, vpath, rdir)) for r in range(2)]
     for p in procs:
         p.start()
-    lp, tok = q.get(timeout=120)
+    lp, tok = (torch.tensor(x) for x in q.get(timeout=120))
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

@@ -116,8 +116,8 @@ def _tp_rank(rank, world, port, hs, w, k, q):
     per = w.shape[0] // world
     shard = dt.HeadShard.of(_head(w[rank * per:(rank + 1) * per], _shard(rank * per, per, per)))
     lp, tok = dt.draft_topk(hs, shard, k, tp_group=Group())
-    if rank == 0:
-        q.put((lp, tok))
+    if rank == 0:  # plain lists: a tensor would be shared through a descriptor that dies with this process
+        q.put((lp.tolist(), tok.tolist()))
     dist.destroy_process_group()
 
 
@@ -136,7 +136,7 @@ def test_tensor_parallel_topk_gathers_only_candidates():
     procs = [ctx.Process(target=_tp_rank, args=(r, 2, port, hs, w, k, q)) for r in range(2)]
     for p in procs:
         p.start()
-    lp, tok = q.get(timeout=180)
+    lp, tok = (torch.tensor(x) for x in q.get(timeout=180))
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
