@@ -171,6 +171,28 @@ def test_tree_builder_graph_buffers_equal_the_eager_build(block, budget, bs, max
     assert torch.equal(got.next_token, eager.next_token) and torch.equal(got.next_sibling, eager.next_sibling)
 
 
+def test_tree_builder_from_a_hook_without_input_ids():
+    """0.5.15's draft-graph hook passes only the hidden states: the tree is built with a stand-in root and the real
+    roots are written in by read(); the result equals the eager build, and read() without roots is refused."""
+    g = torch.Generator().manual_seed(31)
+    block, budget, bs, V, H = 6, 20, 3, 40, 10
+    w = torch.randn(V, H, generator=g)
+    b = DT.DraftTreeBuilder(lm_head=_head(w), block_size=block, budget=budget, vocab_size=V, max_bs=4, device="cpu")
+    hidden = torch.randn(bs * block, H, generator=g)
+    roots = torch.randint(0, V, (bs,), generator=g)
+    eager = b.build(hidden, roots)
+    b(hidden)  # the 0.5.15 hook: dflash_draft_sampler(out.hidden_states)
+    assert not b.roots_in_graph
+    with pytest.raises(RuntimeError, match="root tokens"):
+        b.read(bs)
+    got = b.read(bs, roots)
+    for f in ("token", "parent", "depth", "score", "first_child", "next_sibling", "num_nodes"):
+        assert torch.equal(getattr(got.tree, f), getattr(eager.tree, f)), f
+    assert torch.equal(got.mask, eager.mask)
+    b(hidden, torch.cat([roots[:, None], torch.zeros(bs, block - 1, dtype=torch.long)], 1).view(-1))
+    assert b.roots_in_graph and torch.equal(b.read(bs).tree.token, eager.tree.token)
+
+
 def test_per_node_sampling_greedy_and_top_k_one():
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(3 * 5, 50, generator=g)

@@ -1,4 +1,5 @@
-"""Names that moved between the spec-v2 bases (0.5.14 - 0.5.17), resolved once, newest location first.
+"""Names that moved between the spec-v2 bases (0.5.14 - 0.5.17), resolved once, newest location first, and the
+one worker call whose keywords changed.
 
 Each entry is looked up lazily so that importing this package never pulls in GPU-only modules; a name found in
 none of the places is a clear ImportError naming every place tried.
@@ -6,12 +7,14 @@ none of the places is a clear ImportError naming every place tried.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import inspect
+from typing import Any, Callable
 
 _PLACES: dict[str, tuple[str, ...]] = {
     "assign_extend_cache_locs_func": ("sglang.kernels.ops.speculative.cache_locs",
                                       "sglang.srt.speculative.eagle_info_v2",
-                                      "sglang.srt.speculative.spec_utils"),
+                                      "sglang.srt.speculative.spec_utils",
+                                      "sglang.srt.speculative.triton_ops.cache_locs"),
     "GenerationBatchResult": ("sglang.srt.managers.utils", "sglang.srt.managers.scheduler"),
     "GrammarTree": ("sglang.srt.speculative.spec_utils",),
     "build_grammar_vocab_mask": ("sglang.srt.speculative.spec_utils",),
@@ -38,3 +41,39 @@ def base_name(name: str) -> Any:
             return _CACHE[name]
         tried.append(module)
     raise ImportError(f"DDTree: {name} is in none of {', '.join(tried)}: this SGLang is not a supported base")
+
+
+_PARAMS: dict[Callable, frozenset] = {}
+
+
+def _parameters(fn: Callable) -> frozenset:
+    if fn not in _PARAMS:
+        _PARAMS[fn] = frozenset(inspect.signature(fn).parameters)
+    return _PARAMS[fn]
+
+
+def next_draft_input_decode(worker: Any, *, draft_input: Any, bonus_tokens: Any, new_seq_lens: Any) -> Any:
+    """The next round's draft input, made by the base worker's own constructor with that base's keywords.
+
+    0.5.15 and later take ``bonus_tokens``. 0.5.14 takes ``verified_id`` and, as its chain does, carries the
+    allocation watermark forward (``cur_allocated_seq_lens_cpu`` = this round's reservation) and a recorded
+    ``verify_done`` event that the next ``prepare_for_decode`` waits on before it touches shared buffers.
+    """
+    make = worker._make_next_draft_input_decode
+    params = _parameters(type(worker)._make_next_draft_input_decode)
+    if "bonus_tokens" in params:
+        return make(bonus_tokens=bonus_tokens, new_seq_lens=new_seq_lens)
+    if "verified_id" not in params:
+        raise TypeError("DDTree: this SGLang's _make_next_draft_input_decode takes neither bonus_tokens nor "
+                        f"verified_id ({', '.join(sorted(params))}): not a supported base")
+    kw = {}
+    if "cur_allocated_seq_lens_cpu" in params:
+        kw["cur_allocated_seq_lens_cpu"] = getattr(draft_input, "reserved_seq_lens_cpu", None)
+    nxt = make(verified_id=bonus_tokens, new_seq_lens=new_seq_lens, **kw)
+    if "verify_done" in params:
+        import torch
+
+        done = torch.get_device_module(bonus_tokens.device).Event()
+        done.record()
+        nxt.verify_done = done
+    return nxt

@@ -6,8 +6,11 @@ new algorithm name that every ``is_dflash()`` site would have to learn.
 
 Widths: ``speculative_num_draft_tokens`` is what the target side reads (attention-backend buffers, the target's
 TARGET_VERIFY CUDA graphs, the logits buffer, the scheduler's KV reservation): it becomes the verify width
-``budget + 1``. The drafter's block size moves to ``speculative_dflash_block_size``; the draft runner's graphs are
-captured at that width through the target-verify width hook (``spec_info.py``), and the worker drafts that many.
+``budget + 1``. The drafter's block size moves to ``speculative_dflash_block_size``; the worker drafts that many.
+The draft runner works at that width by one of two routes, per base: on 0.5.17 its graphs are captured through the
+target-verify width hook (``spec_info.py``); on 0.5.14-0.5.16, whose draft runner and its attention backend read
+the width from their own server-argument copy, that copy gets ``speculative_num_draft_tokens = block size``
+(:func:`draft_server_args`).
 
 Proven on a GPU here (the H200, real server): the triton attention backend with page size 1, dense (non-hybrid)
 targets, TP 1, greedy and T > 0, overlap scheduling on and off, CUDA graphs on and off. Everything else that is
@@ -100,8 +103,11 @@ def pre_resolve(server_args: Any) -> Optional[int]:
     return budget
 
 
-def refusals(server_args: Any, block_size: int) -> tuple[list[str], list[str]]:
-    """(never supported, supported but not proven on a GPU here): reasons, each naming the flag."""
+def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = True) -> tuple[list[str], list[str]]:
+    """(never supported, supported but not proven on a GPU here): reasons, each naming the flag.
+
+    ``grammar_in_worker`` False: the base's DFLASH worker has no constrained decoding (0.5.14-0.5.16 abort such
+    requests in the scheduler), so a grammar backend changes nothing for DDTree and is not refused."""
     view = _view(server_args)
     never: list[str] = []
     unproven: list[str] = []
@@ -136,7 +142,7 @@ def refusals(server_args: Any, block_size: int) -> tuple[list[str], list[str]]:
     if int(getattr(view, "tp_size", 1) or 1) > 1:
         unproven.append(f"--tp-size {view.tp_size} (the TP top-k gather is tested on CPU ranks only)")
     grammar = getattr(view, "grammar_backend", None)
-    if grammar not in (None, "none"):
+    if grammar_in_worker and grammar not in (None, "none"):
         unproven.append(f"--grammar-backend {grammar} (constrained decoding over a tree is wired but not run on a "
                         "GPU here; pass --grammar-backend none)")
     if getattr(view, "speculative_adaptive", False):
@@ -144,10 +150,10 @@ def refusals(server_args: Any, block_size: int) -> tuple[list[str], list[str]]:
     return never, unproven
 
 
-def post_resolve(server_args: Any, budget: int) -> None:
+def post_resolve(server_args: Any, budget: int, *, grammar_in_worker: bool = True) -> None:
     """After DFLASH resolved the block size: check what DDTree supports, then set the two widths."""
     block_size = int(server_args.speculative_num_draft_tokens)
-    never, unproven = refusals(server_args, block_size)
+    never, unproven = refusals(server_args, block_size, grammar_in_worker=grammar_in_worker)
     allow = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
     if never:
         raise ValueError("DDTree (--speculative-ddtree-budget) does not support: " + "; ".join(never) + ".")
@@ -172,6 +178,33 @@ def draft_width(spec: Any) -> Optional[int]:
         return None
     block = getattr(spec, "speculative_dflash_block_size", None)
     return int(block) if block is not None else None
+
+
+def set_draft_width(draft_args: Any) -> None:
+    """On the draft worker's own copy of the server arguments: the draft runner's width is the block size.
+
+    Everything the draft runner sizes from its arguments (attention-backend query width, CUDA-graph capture width,
+    eager buffers) then sees the drafter's block; the target keeps ``budget + 1``. No-op with DDTree off."""
+    width = draft_width(draft_args)
+    if width is None:
+        return
+    override = getattr(draft_args, "override", None)
+    if override is not None:  # resolved ServerArgs on 0.5.16+: the audited mutation point
+        override("ddtree.draft_width", speculative_num_draft_tokens=width)
+    else:
+        draft_args.speculative_num_draft_tokens = width
+
+
+def draft_server_args(server_args: Any) -> Any:
+    """The arguments to build the draft worker from: ``server_args`` itself with DDTree off, else a copy with the
+    draft width (:func:`set_draft_width`); the target's arguments are never changed."""
+    if draft_width(server_args) is None:
+        return server_args
+    from copy import deepcopy
+
+    copy = deepcopy(server_args)
+    set_draft_width(copy)
+    return copy
 
 
 def kv_reservation(committed_len: int, block_size: int, verify_width: int) -> int:

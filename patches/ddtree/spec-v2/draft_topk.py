@@ -140,6 +140,8 @@ class DraftTreeBuilder:
 
     ``__call__(hidden_states, input_ids)`` is the capture tail hook body: it writes fixed buffers sized for
     ``max_bs`` requests, which :meth:`read` slices after a replay. :meth:`build` is the eager path (any batch size).
+    A hook that passes no ``input_ids`` (0.5.15's ``dflash_draft_sampler``) gets the tree built with root token 0:
+    the root's token is the only thing the build takes from them, so :meth:`read` writes the real roots in.
     """
 
     def __init__(self, *, lm_head: Any, block_size: int, budget: int, vocab_size: int, max_bs: int,
@@ -162,6 +164,7 @@ class DraftTreeBuilder:
         self._next = torch.full((self.max_bs, n1), -1, **i32)
         self._num = torch.zeros((self.max_bs,), **i32)
         self._mask = torch.zeros((self.max_bs, n1, n1), dtype=torch.bool, device=dev)
+        self.roots_in_graph = True
         self.warmed = False
 
     def warm_up(self, device: torch.device | str) -> None:
@@ -187,7 +190,10 @@ class DraftTreeBuilder:
     def __call__(self, hidden_states: torch.Tensor, input_ids: Optional[torch.Tensor] = None) -> None:
         """Capture-safe body: the same computation, results copied into the fixed buffers."""
         bs = int(hidden_states.shape[0]) // self.block_size
-        out = self.build(hidden_states, input_ids.view(bs, self.block_size)[:, 0])
+        self.roots_in_graph = input_ids is not None
+        roots = (input_ids.view(bs, self.block_size)[:, 0] if input_ids is not None
+                 else torch.zeros((bs,), dtype=torch.int64, device=hidden_states.device))
+        out = self.build(hidden_states, roots)
         t = out.tree
         self._token[:bs].copy_(t.token)
         self._parent[:bs].copy_(t.parent)
@@ -198,9 +204,14 @@ class DraftTreeBuilder:
         self._num[:bs].copy_(t.num_nodes)
         self._mask[:bs].copy_(out.mask)
 
-    def read(self, bs: int) -> DraftTreeOut:
-        """The tree the last graph replay built for the first ``bs`` requests (views, no copy)."""
+    def read(self, bs: int, root_tokens: Optional[torch.Tensor] = None) -> DraftTreeOut:
+        """The tree the last graph replay built for the first ``bs`` requests (views, no copy; the roots' tokens
+        are copied in when the hook had no ``input_ids``)."""
         rt = runtime()
+        if not self.roots_in_graph:
+            if root_tokens is None:
+                raise RuntimeError("DDTree: the draft graph built the tree without its root tokens; pass them")
+            self._token[:bs, 0].copy_(root_tokens)
         tree = rt.DraftTree(token=self._token[:bs], parent=self._parent[:bs], depth=self._depth[:bs],
                             score=self._score[:bs], first_child=self._first[:bs], next_sibling=self._next[:bs],
                             num_nodes=self._num[:bs], max_depth=self.depth)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .compat import base_name
+from .compat import base_name, next_draft_input_decode
 from .config import PROVEN_BACKENDS, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, enabled
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
 from .sampling import target_tokens_per_node
@@ -40,6 +40,15 @@ BACKEND_CLASSES = {"TritonAttnBackend": "triton", "FlashInferAttnBackend": "flas
                    "FlashAttentionBackend": "fa3"}
 #: Backends that read the context columns of the mask (so DDTree must write them as visible).
 READS_CONTEXT_COLUMNS = frozenset({"flashinfer"})
+
+
+def tp_size(worker: Any) -> int:
+    """The worker's tensor-parallel size: its ParallelState (0.5.16+), else its server arguments (0.5.14/15 keep
+    only ``tp_rank`` on the worker)."""
+    ps = getattr(worker, "ps", None)
+    if ps is not None:
+        return int(getattr(ps, "tp_size", 1) or 1)
+    return int(getattr(worker.server_args, "tp_size", 1) or 1)
 
 
 def full_attention_backend(backend: Any) -> Any:
@@ -131,7 +140,7 @@ class DDTreeRound:
                    vocab_size: int, tp_group: Any, device: Any) -> DraftTreeOut:
         bs = int(root_tokens.shape[0])
         if from_graph and self.builder is not None:
-            return self.builder.read(bs)
+            return self.builder.read(bs, root_tokens)
         hidden = draft_out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
@@ -140,11 +149,18 @@ class DDTreeRound:
 
     def verify_mask(self, attn_backend: Any, bs: int, numel: int, device: Any) -> torch.Tensor:
         """Where this round's flat mask goes: the backend's own verify-mask buffer when it has one that fits (the
-        target graph then reads it in place; no copy), else a fresh tensor. Unwritten cells are never read."""
-        vm = getattr(full_attention_backend(attn_backend), "verify_mask", None)
+        target graph then reads it in place; no copy), else a fresh tensor. Unwritten cells are never read.
+        Bases without the ``verify_mask`` attribute (0.5.14-0.5.16) keep the triton graph's flat mask buffer as
+        ``cuda_graph_custom_mask`` (allocated only when graphs are captured): the same role, the same layout."""
+        backend = full_attention_backend(attn_backend)
+        vm = getattr(backend, "verify_mask", None)
         buf = getattr(vm, "buffer", None) if vm is not None else None
         if buf is not None and bs <= int(vm.max_bs) and buf.numel() >= numel:
             return buf[:numel]
+        if not hasattr(backend, "verify_mask") and BACKEND_CLASSES.get(type(backend).__name__) == "triton":
+            flat = getattr(backend, "cuda_graph_custom_mask", None)
+            if isinstance(flat, torch.Tensor) and flat.numel() >= numel:
+                return flat[:numel]
         return torch.empty((numel,), dtype=torch.uint8, device=device)
 
     def finish_round(self, worker: Any, **kw: Any) -> Any:
@@ -177,7 +193,7 @@ class DDTreeRound:
         req_to_token = model_runner.req_to_token_pool.req_to_token
         vocab = int(model_runner.model_config.vocab_size)
         tp_group = None
-        if int(getattr(worker.ps, "tp_size", 1) or 1) > 1:
+        if tp_size(worker) > 1:
             from sglang.srt.distributed import get_tp_group
 
             tp_group = get_tp_group()
@@ -195,7 +211,10 @@ class DDTreeRound:
         verify_loc = base_name("assign_extend_cache_locs_func")(
             req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
             end_offset=prefix_lens + n1, batch_size=bs, draft_token_num=n1, device=device)
-        if batch.seq_lens_cpu is not None:
+        planning = getattr(draft_input, "planning_seq_lens_cpu", None)  # 0.5.14: committed + a block, kept by it
+        if planning is not None:
+            host_prefix = planning[:bs].to(torch.int64)
+        elif batch.seq_lens_cpu is not None:
             host_prefix = batch.seq_lens_cpu[:bs].to(torch.int64) + block  # committed (<= 1 round stale) + a block
         elif getattr(draft_input, "reserved_seq_lens_cpu", None) is not None:
             host_prefix = draft_input.reserved_seq_lens_cpu[:bs].to(torch.int64)
@@ -264,7 +283,8 @@ class DDTreeRound:
         logits_output.hidden_states = None
         self.rounds += 1
 
-        next_draft_input = worker._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+        next_draft_input = next_draft_input_decode(worker, draft_input=draft_input, bonus_tokens=bonus,
+                                                   new_seq_lens=new_seq_lens)
         return base_name("GenerationBatchResult")(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
