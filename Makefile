@@ -9,7 +9,8 @@ install: $(STAMP)
 
 # System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark) and the project with its extras.
 # torch is pinned to the CPU build this machine carries; triton 3.6.0 matches the H200 image (interpreted on CPU).
-$(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt
+$(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt \
+          $(wildcard tests/sglang_v2/requirements-cpu-*.txt)
 	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync git >/dev/null; \
@@ -22,6 +23,10 @@ $(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requi
 	@# what the spec-v2 bases (0.5.14-0.5.17) import beyond that, in their own folder (tests/sglang_v2)
 	rm -rf .cache/sglang-v2-deps && $(PY) -m pip install -q --disable-pip-version-check --no-deps \
 	  --target .cache/sglang-v2-deps -r tests/sglang_v2/requirements-cpu.txt
+	@# bases that pin other versions of some of those (requirements-cpu-<base>.txt): a small folder each, in front
+	@for r in tests/sglang_v2/requirements-cpu-*.txt; do b=$${r##*-cpu-}; b=$${b%.txt}; \
+	  rm -rf .cache/sglang-v2-deps-$$b && $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+	  --target .cache/sglang-v2-deps-$$b -r $$r || exit 1; done
 	@mkdir -p .cache && touch $(STAMP)
 
 deps: install
