@@ -7,8 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
-from v2_helpers import REPO, run_python
+from v2_helpers import BASES, REPO, TRAITS, pinned, run_python
+
+from ddtree_deploy.deploy import DEFAULT_PATCHSET
+from ddtree_deploy.errors import PatchDoesNotApply
+from ddtree_deploy.patchset_format import find_patchset_for
 
 GLUE = ["config", "draft_topk", "round", "sampling", "verify_input", "compat"]
 
@@ -25,18 +30,26 @@ def test_series_applies_and_every_file_compiles(v2_base: str, v2_tree: Path, tmp
         py_compile.compile(str(v2_tree / path), cfile=str(tmp_path / f"{i}.pyc"), doraise=True)
 
 
-def test_patched_modules_import_on_cpu(v2_tree: Path, tmp_path: Path):
+def test_patched_modules_import_on_cpu(v2_base: str, v2_tree: Path, tmp_path: Path):
     mods = ["sglang.srt.server_args", "sglang.srt.arg_groups.speculative_hook", "sglang.srt.speculative.spec_info",
             "sglang.srt.speculative.dflash_info_v2", "sglang.srt.speculative.dflash_worker_v2",
             "sglang.srt.layers.attention.triton_backend",
             "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
             *[f"sglang.srt.speculative.ddtree_v2.{m}" for m in GLUE]]
-    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('IMPORTED', len(sys.argv) - 1)\n"
+    code = ("import importlib, sys, transformers\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+            "print('IMPORTED', len(sys.argv) - 1, 'transformers', transformers.__version__)\n")
     r = run_python(v2_tree, tmp_path, code, *mods)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"IMPORTED {len(mods)}" in r.stdout
+    assert f"IMPORTED {len(mods)} transformers {pinned(v2_base, 'transformers')}" in r.stdout, \
+        "imported with the transformers the base pins"
     worker = (v2_tree / "sglang/srt/speculative/dflash_worker_v2.py").read_text()
-    assert "self._ddtree.finish_round(" in worker and "self._ddtree.draft_builder(" in worker
+    traits = TRAITS[v2_base]
+    assert "self._ddtree.finish_round(" in worker and "self._ddtree.check_target(" in worker
+    assert ("self._ddtree.draft_builder(" in worker) == traits.tree_in_graph
+    copies = "ddtree_config.draft_server_args(server_args)" in worker or "set_draft_width(draft_server_args)" in worker
+    assert copies == (traits.draft_width == "copy"), "the draft worker is built from a copy at the block size"
+    hook = (v2_tree / "sglang/srt/speculative/spec_info.py").read_text()
+    assert ("draft_width(get_spec())" in hook) == (traits.draft_width == "hook")
 
 
 def test_patchset_list_shows_the_spec_v2_bases(v2_base: str):
@@ -46,3 +59,18 @@ def test_patchset_list_shows_the_spec_v2_bases(v2_base: str):
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     row = rows[f"ddtree/sglang-{v2_base}"]
     assert row["ok"] and row["base"] == f"sglang {v2_base}" and row["runtime_files"] > 20
+
+
+def test_apply_picks_the_series_by_the_installed_version():
+    """`apply` resolves the patch set from the host's installed sglang (deploy.plan -> find_patchset_for with the
+    default name): every spec-v2 base gets its own folder, and a version without one names the bases there are."""
+
+    for version in ("0.5.14", "0.5.15", "0.5.16", "0.5.17"):
+        assert version in BASES
+        ps = find_patchset_for(DEFAULT_PATCHSET, version, root=REPO / "patches")
+        assert ps.qualified_name == f"ddtree/sglang-{version}" and ps.base_version == version
+        assert [v.dest for v in ps.vendored] == ["sglang/srt/speculative/ddtree", "sglang/srt/speculative/ddtree_v2"]
+        assert [v.source.name for v in ps.vendored] == ["runtime", "spec-v2"], "one shared runtime and glue"
+    with pytest.raises(PatchDoesNotApply) as err:
+        find_patchset_for(DEFAULT_PATCHSET, "0.5.13", root=REPO / "patches")
+    assert all(v in str(err.value) for v in ("0.5.11", "0.5.14", "0.5.15", "0.5.16", "0.5.17"))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from v2_helpers import run_python
+from v2_helpers import TRAITS, run_python
 
 TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=512, hidden_size=64,
               intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -15,8 +15,22 @@ TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size
 
 SCRIPT = '''
 import json, sys
+from sglang.srt import server_args as S
 from sglang.srt.server_args import prepare_server_args
+from sglang.srt.speculative.ddtree_v2.config import draft_server_args
 tgt, drf = sys.argv[1], sys.argv[2]
+
+
+def publish(sa):
+    """Make ``sa`` the process's server arguments, as the scheduler does (0.5.14 has only the legacy global)."""
+    from sglang.srt.runtime_context import get_context
+
+    ctx = get_context()
+    if hasattr(ctx, "set_server_args"):
+        ctx.set_server_args(sa)
+    else:
+        S.set_global_server_args_for_scheduler(sa)
+
 common = ["--model-path", tgt, "--skip-tokenizer-init", "--attention-backend", "triton", "--grammar-backend", "none",
           "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drf]
 CASES = {
@@ -37,15 +51,20 @@ out = {}
 for name, extra in CASES.items():
     try:
         sa = prepare_server_args(common + extra)
-        from sglang.srt.runtime_context import get_context
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        get_context().set_server_args(sa)
+        publish(sa)
         algo = SpeculativeAlgorithm.DFLASH
+        # 0.5.16 renamed the width hook (the old name stays as a deprecated alias); 0.5.14/15 have the old one only
+        width = (getattr(algo, "get_num_tokens_per_req_for_target_verify", None)
+                 or algo.get_num_tokens_per_bs_for_target_verify)
         n = sa.speculative_num_draft_tokens
+        draft = draft_server_args(sa)  # what the 0.5.14-0.5.16 workers build their draft worker from
         out[name] = {"ok": True, "num_draft_tokens": n, "block_size": sa.speculative_dflash_block_size,
                      "budget": sa.speculative_ddtree_budget, "topk": sa.speculative_eagle_topk,
-                     "target_width": algo.get_num_tokens_per_req_for_target_verify(n, False),
-                     "draft_width": algo.get_num_tokens_per_req_for_target_verify(n, True)}
+                     "target_width": width(n, False), "draft_width": width(n, True),
+                     "copy_is_target": draft is sa, "copy_num_draft_tokens": draft.speculative_num_draft_tokens,
+                     "copy_draft_width": width(draft.speculative_num_draft_tokens, True),
+                     "target_after_copy": sa.speculative_num_draft_tokens}
     except Exception as e:
         out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 # EAGLE with a budget: refused before any EAGLE handling
@@ -80,15 +99,22 @@ def test_chain_unchanged(resolved):
     c = resolved["chain"]
     assert c["ok"] and c["num_draft_tokens"] == 4 and c["budget"] is None
     assert c["target_width"] == c["draft_width"] == 4
+    assert c["copy_is_target"], "without DDTree the draft worker is built from the target's own arguments"
 
 
 @pytest.mark.parametrize("case,budget,block", [("b15", 15, 4), ("b2", 2, 4), ("b64_block8", 64, 8)])
-def test_ddtree_widths(resolved, case, budget, block):
+def test_ddtree_widths(v2_base, resolved, case, budget, block):
     c = resolved[case]
     assert c["ok"], c
     assert c["budget"] == budget and c["block_size"] == block and c["topk"] == 1
     assert c["num_draft_tokens"] == budget + 1, "the target verifies budget + 1 nodes"
-    assert c["target_width"] == budget + 1 and c["draft_width"] == block, "the drafter keeps its block size"
+    assert c["target_width"] == budget + 1, "the target verifies budget + 1 nodes"
+    if TRAITS[v2_base].draft_width == "hook":
+        assert c["draft_width"] == block, "the width hook gives the draft runner its block size"
+    else:
+        # the draft worker's own copy carries the block size; the target's arguments keep budget + 1
+        assert not c["copy_is_target"] and c["copy_num_draft_tokens"] == block and c["copy_draft_width"] == block
+        assert c["target_after_copy"] == budget + 1
 
 
 @pytest.mark.parametrize("case,words", [
@@ -99,7 +125,6 @@ def test_ddtree_widths(resolved, case, budget, block):
     ("fa3", ["does not support", "fa3", "cascade"]),
     ("num_draft_tokens", ["do not pass --speculative-num-draft-tokens"]),
     ("deterministic", ["--enable-deterministic-inference"]),
-    ("grammar", ["--grammar-backend xgrammar", "not proven"]),
     ("block64", ["block size of 64"]),
     ("eagle", ["requires --speculative-algorithm DFLASH"]),
 ])
@@ -108,6 +133,17 @@ def test_refusals_name_the_flag(resolved, case, words):
     assert not c["ok"] and c["type"] == "ValueError", c
     for w in words:
         assert w in c["msg"], (w, c["msg"])
+
+
+def test_grammar_backend_by_base(v2_base, resolved):
+    """Constrained decoding over a tree is refused as unproven where the base's DFLASH worker does it (0.5.17);
+    older bases abort grammar requests in the scheduler themselves, so the flag changes nothing for DDTree."""
+    c = resolved["grammar"]
+    if TRAITS[v2_base].grammar:
+        assert not c["ok"] and c["type"] == "ValueError", c
+        assert "--grammar-backend xgrammar" in c["msg"] and "not proven" in c["msg"], c["msg"]
+    else:
+        assert c["ok"] and c["num_draft_tokens"] == 16, c
 
 
 def test_unproven_backend_runs_when_allowed(resolved):

@@ -9,9 +9,13 @@ report one sm90 GPU so that server arguments resolve as on an H200 (nothing is c
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,8 +25,36 @@ sys.path.insert(0, str(REPO / "tests" / "sglang"))
 from sglang_series_helpers import write_torchvision_stub  # noqa: E402
 
 #: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/).
-BASES = ("0.5.17",)
+BASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17")
+
+
+@dataclass(frozen=True)
+class BaseTraits:
+    """Where the bases' series differ (each README says why).
+
+    ``draft_width``: how the draft runner gets the drafter's block size while the target verifies budget + 1:
+    "hook" = the target-verify width hook in spec_info.py (0.5.17), "copy" = the draft worker's own copy of the
+    server arguments (config.draft_server_args / set_draft_width; 0.5.14-0.5.16, whose draft attention backend reads
+    the width from that copy). ``tree_in_graph``: the tree build is folded into the draft CUDA graph (a capture hook
+    exists). ``grammar``: the base's DFLASH worker does constrained decoding (so DDTree refuses a grammar backend as
+    unproven); older bases abort grammar requests in the scheduler.
+    """
+
+    draft_width: str
+    tree_in_graph: bool
+    grammar: bool
+
+
+TRAITS = {
+    "0.5.14": BaseTraits(draft_width="copy", tree_in_graph=False, grammar=False),
+    "0.5.15": BaseTraits(draft_width="copy", tree_in_graph=True, grammar=False),
+    "0.5.16": BaseTraits(draft_width="copy", tree_in_graph=True, grammar=False),
+    "0.5.17": BaseTraits(draft_width="hook", tree_in_graph=True, grammar=True),
+}
 DEPS = Path(os.environ.get("DDTREE_SGLANG_V2_DEPS", REPO / ".cache" / "sglang-v2-deps"))
+#: Bases that pin other versions of some of those packages: requirements-cpu-<base>.txt, installed (by make install)
+#: into DEPS-<base>, which goes on PYTHONPATH in front of DEPS for that base only (0.5.14 pins transformers 5.8.1).
+BASE_DEPS = {p.stem.rsplit("-", 1)[1]: p for p in sorted(Path(__file__).parent.glob("requirements-cpu-*.txt"))}
 REQUIRED = os.environ.get("DDTREE_REQUIRE_SGLANG_DEPS") == "1"
 
 _XGRAMMAR = '''from typing import Any
@@ -57,11 +89,21 @@ c.is_initialized = lambda: True
 '''
 
 
-def need_deps() -> None:
-    """Skip (or, in CI, fail) when the spec-v2 dependency folder is missing."""
-    if (DEPS / "fastapi").is_dir() and (DEPS / "transformers").is_dir():
+def base_deps(version: str) -> list[Path]:
+    """The dependency folders for ``version``, most specific first."""
+    extra = [Path(f"{DEPS}-{version}")] if version in BASE_DEPS else []
+    return [*extra, DEPS]
+
+
+def need_deps(version: str | None = None) -> None:
+    """Skip (or, in CI, fail) when a spec-v2 dependency folder is missing."""
+    missing = [] if (DEPS / "fastapi").is_dir() and (DEPS / "transformers").is_dir() else [DEPS]
+    if version in BASE_DEPS and not (Path(f"{DEPS}-{version}") / "transformers").is_dir():
+        missing.append(Path(f"{DEPS}-{version}"))
+    if not missing:
         return
-    msg = f"{DEPS} lacks the spec-v2 SGLang dependencies (make install, or pip install --no-deps --target)"
+    msg = (f"{', '.join(map(str, missing))}: missing the spec-v2 SGLang dependencies (make install, or pip install "
+           "--no-deps --target)")
     if REQUIRED:
         pytest.fail(msg)
     pytest.skip(msg)
@@ -77,6 +119,15 @@ def base_wheel(version: str) -> Path:
         if REQUIRED:
             raise
         pytest.skip(str(exc))
+
+
+def pinned(version: str, package: str) -> str:
+    """The version of ``package`` that the sglang ``version`` wheel pins (Requires-Dist: package==X)."""
+    with zipfile.ZipFile(base_wheel(version)) as zf:
+        meta = zf.read(f"sglang-{version}.dist-info/METADATA").decode()
+    m = re.search(rf"^Requires-Dist: {re.escape(package)}==([^;\s]+)\s*$", meta, re.M | re.I)
+    assert m, f"sglang {version} does not pin {package}"
+    return m.group(1)
 
 
 def build_patched(version: str, dest: Path) -> Path:
@@ -110,9 +161,11 @@ def stand_ins(dest: Path, *, fake_cuda: bool = False) -> list[str]:
 
 def run_python(tree: Path, work: Path, code: str, *args: str, fake_cuda: bool = False,
                timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run ``code`` with the patched ``tree`` importable as sglang, on CPU."""
-    need_deps()
-    pp = [str(tree), str(DEPS), *stand_ins(work, fake_cuda=fake_cuda), os.environ.get("PYTHONPATH", "")]
+    """Run ``code`` with the patched ``tree`` importable as sglang, on CPU, with its base's dependencies."""
+    version = json.loads((tree / "overlay.json").read_text())["base_version"]
+    need_deps(version)
+    pp = [str(tree), *map(str, base_deps(version)), *stand_ins(work, fake_cuda=fake_cuda),
+          os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pp if p), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "PYTHONWARNINGS": "ignore"}
     script = work / "script.py"
