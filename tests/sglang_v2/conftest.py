@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from v2_helpers import BASES, build_patched  # noqa: E402
+from v2_helpers import BASES, build_patched, probe  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=BASES)
@@ -31,3 +31,9 @@ def v2_trees(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def v2_tree(v2_base, v2_trees) -> Path:
     return v2_trees(v2_base)
+
+
+@pytest.fixture(scope="session")
+def v2_probe(v2_base, v2_tree, tmp_path_factory) -> dict:
+    """The per-base probe (imports + the glue against the base's classes), run once per base."""
+    return probe(v2_tree, tmp_path_factory.mktemp(f"probe-{v2_base}"))

@@ -172,3 +172,82 @@ def run_python(tree: Path, work: Path, code: str, *args: str, fake_cuda: bool = 
     script.write_text(code)
     return subprocess.run([sys.executable, str(script), *args], cwd=work, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+#: What the probe imports from a patched tree: every module the series touches and the vendored glue.
+PROBE_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.speculative_hook", "sglang.srt.speculative.spec_info",
+                 "sglang.srt.speculative.dflash_info_v2", "sglang.srt.speculative.dflash_worker_v2",
+                 "sglang.srt.layers.attention.triton_backend",
+                 "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+                 *[f"sglang.srt.speculative.ddtree_v2.{m}"
+                   for m in ("config", "draft_topk", "round", "sampling", "verify_input", "compat")])
+
+# One subprocess per base (importing SGLang costs seconds): import the modules, then drive the glue's calls whose
+# keywords or homes moved between the bases against that base's own classes (without their GPU start-up).
+PROBE_SCRIPT = r'''
+import importlib, json, sys, types
+import torch
+import transformers
+
+for m in sys.argv[1:]:
+    importlib.import_module(m)
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.ddtree_v2 import compat, round as ddround
+
+out = {"imported": len(sys.argv) - 1, "transformers": transformers.__version__}
+
+
+def bare_worker(**attrs):
+    """The base's real worker class without its GPU start-up; unknown attributes fall through to a target worker
+    that has none (as the class's __getattr__ delegates)."""
+    w = object.__new__(DFlashWorkerV2)
+    w._target_worker = types.SimpleNamespace()
+    for k, v in attrs.items():
+        setattr(w, k, v)
+    return w
+
+
+worker = bare_worker()
+bonus = torch.tensor([5, 7, 9])
+new_lens = torch.tensor([11, 12, 13])
+reserved = torch.tensor([40, 41, 42], dtype=torch.int32)
+nxt = compat.next_draft_input_decode(worker, draft_input=types.SimpleNamespace(reserved_seq_lens_cpu=reserved),
+                                     bonus_tokens=bonus, new_seq_lens=new_lens)
+tok = getattr(nxt, "bonus_tokens", None)
+if tok is None:
+    tok = nxt.verified_id
+out["next"] = {"type": type(nxt).__name__, "tokens": tok.tolist(), "new_seq_lens": nxt.new_seq_lens.tolist(),
+               "watermark": (nxt.cur_allocated_seq_lens_cpu.tolist()
+                             if getattr(nxt, "cur_allocated_seq_lens_cpu", None) is not None else None),
+               "verify_done": getattr(nxt, "verify_done", None) is not None,
+               "has_verify_done_field": hasattr(nxt, "verify_done")}
+out["names"] = {n: compat.base_name(n).__module__ for n in ("assign_extend_cache_locs_func", "GenerationBatchResult",
+                                                             "apply_dflash_verify_logits_adjustments")}
+
+backend = object.__new__(TritonAttnBackend)
+backend._verify_mask = None  # 0.5.17's property reads it; older bases have no such attribute
+backend.cuda_graph_custom_mask = torch.zeros(4096, dtype=torch.uint8)
+rnd = object.__new__(ddround.DDTreeRound)
+m = rnd.verify_mask(backend, 2, 1000, "cpu")
+big = rnd.verify_mask(backend, 2, 5000, "cpu")
+out["mask"] = {"in_graph_buffer": m.data_ptr() == backend.cuda_graph_custom_mask.data_ptr(), "numel": m.numel(),
+               "too_big_in_buffer": big.data_ptr() == backend.cuda_graph_custom_mask.data_ptr(),
+               "has_verify_mask": hasattr(TritonAttnBackend, "verify_mask")}
+other = types.SimpleNamespace(cuda_graph_custom_mask=backend.cuda_graph_custom_mask)  # not a triton backend
+out["mask"]["other_backend_in_buffer"] = (
+    rnd.verify_mask(other, 2, 1000, "cpu").data_ptr() == backend.cuda_graph_custom_mask.data_ptr())
+
+w = bare_worker(server_args=types.SimpleNamespace(tp_size=2))
+with_ps = bare_worker(ps=types.SimpleNamespace(tp_size=4), server_args=types.SimpleNamespace(tp_size=1))
+out["tp"] = [ddround.tp_size(w), ddround.tp_size(with_ps)]
+print("RESULT" + json.dumps(out))
+'''
+
+
+def probe(tree: Path, work: Path) -> dict:
+    """The probe's result for a patched ``tree`` (a clear assertion with the subprocess's output if it failed)."""
+    r = run_python(tree, work, PROBE_SCRIPT, *PROBE_MODULES)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return json.loads(line[len("RESULT"):])
