@@ -141,7 +141,16 @@ def render(out: dict, argv: list[str]) -> str:
               "run. The 0.5.11 V1 chain measured 10.67 / 13.80 / 32.23 ms at batch 1 / 8 / 32 on the same shape "
               "(issue text); the V2 chain here is 7.9 / 9.5-10.1 / 24.8-25.8 ms."]
     if "apply-transcript" in out:
-        lines += ["", "## apply-transcript", "", "```", out["apply-transcript"].get("text", "").rstrip(), "```"]
+        t = out["apply-transcript"]
+        lines += ["", "## apply-transcript", "",
+                  "ddtree-deploy itself, on the GPU machine as a `connection: local` host, deploying onto the real "
+                  f"SGLang 0.5.17 installed there (server: the real `sglang.launch_server`, agree models, DDTree b15, "
+                  f"CUDA graphs), then a broken overlay that must be rolled back (`bash bench/e2e/apply_on_gpu.sh`; "
+                  f"{t['total_seconds']} s in all). Every step exited as expected: {t['all_as_expected']}; the "
+                  f"installed package byte-identical afterwards: {t['installed_package_unchanged']}.", "",
+                  "| command | exit (expected) | seconds |", "|---|---|---|"]
+        lines += [f"| `{st['command']}` | {st['exit']} ({st['expected_exit']}) | {st['seconds']} |" for st in t["steps"]]
+        lines += ["", "The transcript:", "", "```", t.get("text", "").rstrip(), "```"]
     else:
         lines += ["", "## apply-transcript", "", "Not run yet on the GPU machine."]
     return "\n".join(lines)
