@@ -12,6 +12,7 @@ EXIT_USAGE = 2  # usage or bad input (inventory, patch set)
 EXIT_UNREACHABLE = 3  # host unreachable or SSH failure
 EXIT_ABI = 4  # ABI incompatibility
 EXIT_PATCH = 5  # patch does not apply to this base
+EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C, SIGTERM): the host was settled (rolled back) before we exited
 
 
 class DeployError(Exception):
@@ -46,6 +47,16 @@ class TransportError(DeployError):
     def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
         super().__init__(f"host {host}: {message}", hint=hint)
         self.host = host
+
+
+class ConnectionCut(TransportError):
+    """The connection died in the middle of a run; the message says what the host did about it."""
+
+
+class Interrupted(DeployError):
+    """Ctrl-C or SIGTERM during a run; the message says how the host was settled."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 class HostKeyError(TransportError):

@@ -113,5 +113,9 @@ def positive(value: float) -> str | None:
     return None if value > 0 else "expected a positive number"
 
 
+def non_negative(value: float) -> str | None:
+    return None if value >= 0 else "expected 0 or a positive number"
+
+
 def absolute_path(value: str) -> str | None:
     return None if value.startswith("/") else "expected an absolute path on the host"

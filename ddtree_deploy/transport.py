@@ -25,7 +25,7 @@ from fabric import Config, Connection
 
 from .errors import HostKeyError, RemoteError, TransportError
 from .inventory import Host
-from .remote import RESULT_MARKER, program_for
+from .remote import RESULT_MARKER, SESSION_BOOT, program_for
 
 _POLL = 0.002
 _CHUNK = 1 << 16
@@ -289,6 +289,86 @@ class HostConnection:
         if not reply.get("ok"):
             raise RemoteError(self.host.name, f"{module}.{op}", reply.get("error", "unknown error"), kind=reply.get("kind", "error"))
         return reply.get("result")
+
+    def session(self, module: str, op: str, **args: Any) -> "RemoteSession":
+        """Start ``op`` of ``ddtree_deploy/remote/<module>.py`` as a long-lived process on a channel of its own.
+
+        It answers with reply lines (``RemoteSession.reply``) and reads command lines (``RemoteSession.send``); the
+        end of its input is the channel closing, whether we close it or the connection dies (the host's deploy lock
+        is held this way: see ``release.Lease``).
+        """
+        program = zlib.compress(program_for(module), 6)
+        payload = json.dumps({"op": op, "args": args}).encode()
+        chan = self._channel()
+        try:
+            chan.exec_command(f"exec {shlex.quote(self.host.python)} -c {shlex.quote(SESSION_BOOT)}")
+            chan.sendall(len(program).to_bytes(8, "big") + program + len(payload).to_bytes(8, "big") + payload)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            chan.close()
+            raise TransportError(self.host.name, f"cannot start remote {module}.{op}: {exc}") from exc
+        return RemoteSession(chan, self.host.name, f"{module}.{op}")
+
+
+class RemoteSession:
+    """The control side of a session op: reply lines out of it, command lines into it."""
+
+    def __init__(self, chan: paramiko.Channel, host: str, op: str) -> None:
+        self.chan, self.host, self.op = chan, host, op
+        self._buf = b""
+
+    def _line(self) -> bytes | None:
+        marker = RESULT_MARKER.encode()
+        if marker not in self._buf:
+            return None
+        rest = self._buf.split(marker, 1)[1]
+        if b"\n" not in rest:
+            return None
+        line, self._buf = rest.split(b"\n", 1)
+        return line
+
+    def reply(self, timeout: float) -> Any:
+        """The next reply; RemoteError for a failure it reports, TransportError when it ends without one."""
+        deadline = time.monotonic() + timeout
+        while (line := self._line()) is None:
+            if time.monotonic() > deadline:
+                raise TransportError(self.host, f"remote {self.op} gave no answer within {timeout:g} s")
+            try:
+                if self.chan.recv_ready():
+                    chunk = self.chan.recv(_CHUNK)
+                    if not chunk:
+                        raise EOFError("connection closed")
+                    self._buf += chunk
+                    continue
+                if self.chan.closed or self.chan.exit_status_ready():
+                    raise EOFError("connection closed")
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                err = b""
+                try:
+                    while self.chan.recv_stderr_ready():
+                        err += self.chan.recv_stderr(_CHUNK)
+                except Exception:
+                    pass
+                tail = err.decode(errors="replace").strip()[-1500:]
+                raise TransportError(self.host, f"remote {self.op} ended without an answer: {tail or exc}") from exc
+            time.sleep(_POLL)
+        reply = json.loads(line)
+        if not reply.get("ok", True):
+            raise RemoteError(self.host, self.op, reply.get("error", "unknown error"), kind=reply.get("kind", "error"))
+        return reply.get("result")
+
+    def send(self, line: str) -> bool:
+        """Send one command line; False when the channel is gone."""
+        try:
+            self.chan.sendall(line.encode() + b"\n")
+            return True
+        except (paramiko.SSHException, OSError, EOFError):
+            return False
+
+    def close(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:
+            pass
 
 
 class _DeadlineReader:
