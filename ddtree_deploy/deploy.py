@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import dryrun
-from .errors import AbiIncompatible, DeployError, EXIT_FAILED, OperationFailed, TransportError
+from .errors import AbiIncompatible, DeployError, EXIT_FAILED, InputError, OperationFailed, is_cut
 from .inventory import Host
 from .overlay import Overlay
 from .probe import ProbeResult, Stage, describe_ddtree
-from .release import Fenced, PushResult, rollback_target
+from .release import PushResult, rollback_target
 from .server import require_server, server_spec
 from .transaction import ApplyReport, Progress, Run, quiet, run_on_host
 
@@ -95,9 +95,9 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
         mgr.stage = "probe"
         try:
             probe = prober.run(pushed.release_id, restart=restart, label="probe")
-        except (Fenced, TransportError):
-            raise  # the host gave the run up, or the connection is gone: the host settles it (release.Lease)
         except DeployError as exc:  # e.g. the restart itself failed: still a failed probe, still rolled back
+            if is_cut(exc):
+                raise  # the connection is gone or the host gave the run up: the host settles it (release.Lease)
             probe = ProbeResult(host.name, pushed.release_id, [Stage("probe", "fail", time.monotonic() - t, str(exc))])
             restarted[0] = True
         timings["probe"] = time.monotonic() - t
@@ -209,10 +209,20 @@ def plan(host: Host, *, patchset: str | None = None, max_snapshot_age: float = 3
     if not base_version:
         raise OperationFailed(f"host {host.name}: snapshot {snap.id} does not record the installed sglang version")
     ps = find_patchset_for(patchset or DEFAULT_PATCHSET, base_version)
-    base = SnapshotBase(snap, store=store)
     progress(f"{host.name}: applying patch set {ps.name} {ps.version} to snapshot {snap.id} (sglang {base_version})")
-    overlay = build_overlay(ps, base)
-    diff = render_diff(overlay, base)
+    try:
+        base = SnapshotBase(snap, store=store)
+        overlay = build_overlay(ps, base)
+        diff = render_diff(overlay, base)
+    except InputError as exc:
+        if "store corrupted" not in exc.message and "missing from the store" not in exc.message:
+            raise
+        # a damaged blob: the host is the source of truth; a fresh snapshot fetches what the store lost
+        progress(f"{host.name}: {exc.message}; taking a fresh snapshot to repair the store")
+        snap = store.take(host)
+        base = SnapshotBase(snap, store=store)
+        overlay = build_overlay(ps, base)
+        diff = render_diff(overlay, base)
     carries_compiled = any(f.path.endswith((".so", ".pyd")) for f in overlay.files)
     findings = abi_mod.check_overlay(host.name, facts, built_from_facts=facts, carries_compiled=carries_compiled,
                                      requires=dict(ps.requires), base_version=ps.base_version)

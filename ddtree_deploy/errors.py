@@ -73,6 +73,20 @@ class RemoteError(OperationFailed):
         self.kind = kind
 
 
+class Fenced(OperationFailed):
+    """This run no longer holds the host lock (the host gave it up and settled it); nothing more was changed."""
+
+
+def is_cut(exc: BaseException) -> bool:
+    """The run lost its host: the connection dropped (a remote step ended with no exit status, or the channel
+    failed), or the host already gave the run up (its guardian saw the connection go). Not a timeout."""
+    if isinstance(exc, Fenced):
+        return True
+    if isinstance(exc, TransportError):
+        return "timed out" not in exc.message
+    return isinstance(exc, RemoteError) and exc.kind == "crash" and "exited -1" in str(exc)
+
+
 class AbiIncompatible(DeployError):
     exit_code = EXIT_ABI
 

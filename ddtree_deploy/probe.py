@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .errors import DeployError, OperationFailed
+from .errors import ConnectionCut, DeployError, OperationFailed, RemoteError, TransportError, is_cut
 from .inventory import Host
 from .server import ServerControl, base_url, become_prefix, managed_paths, server_kind, server_spec
 from .transport import HostConnection
@@ -186,7 +186,12 @@ class Prober:
         self._replies: list[dict[str, Any]] | None = None
 
     def _call(self, op: str, timeout: float, **args: Any) -> Any:
-        return self.conn.call("probe", op, timeout=timeout + 30, **args)
+        try:
+            return self.conn.call("probe", op, timeout=timeout + 30, **args)
+        except (RemoteError, TransportError) as exc:
+            if is_cut(exc):  # the connection died under the call: not a verdict
+                raise ConnectionCut(self.host.name, f"connection lost during the probe's {op}") from exc
+            raise
 
     # -- stage 1 -----------------------------------------------------------------------------------------------------
     def overlay(self, release: str | None) -> Stage:
@@ -197,6 +202,8 @@ class Prober:
                              runtime_subdir=RUNTIME_SUBDIR, expect=expected_sglang_dir(self.host, release),
                              load=release is not None, budget=budget)
         except DeployError as exc:
+            if isinstance(exc, ConnectionCut):
+                raise
             return Stage("overlay", "fail", time.monotonic() - t0, str(exc))
         want = expected_sglang_dir(self.host, release)
         got_dir = got.get("sglang_real")
@@ -234,6 +241,8 @@ class Prober:
             try:
                 got = self.conn.call("probe", "gpu", timeout=60)
             except DeployError as exc:
+                if isinstance(exc, ConnectionCut):
+                    raise
                 return False, f"cannot query nvidia-smi: {exc}"
         return bool(got.get("present")), got.get("why", ", ".join(got.get("gpus", [])))
 
@@ -249,6 +258,8 @@ class Prober:
             got = self._call("selftest", budget, root=self.host.release_root, env=self.host.server.get("env") or {},
                              runtime_subdir=RUNTIME_SUBDIR, budget=budget)
         except DeployError as exc:
+            if isinstance(exc, ConnectionCut):
+                raise
             return Stage("selftest", "fail", time.monotonic() - t0, str(exc))
         result = got.get("selftest") or {}
         seconds = time.monotonic() - t0
@@ -281,6 +292,8 @@ class Prober:
             if self._generation:  # its time belongs to the generation stage
                 t0 += float(self._generation.get("seconds") or 0.0)
         except DeployError as exc:
+            if isinstance(exc, ConnectionCut):
+                raise
             return Stage("startup", "fail", time.monotonic() - t0, str(exc))
         seconds = time.monotonic() - t0
         state = got["state"]
@@ -350,6 +363,8 @@ class Prober:
                                  max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget,
                                  baseline_path=baseline_path(self.host))
             except DeployError as exc:
+                if isinstance(exc, ConnectionCut):
+                    raise
                 return Stage("generation", "fail", time.monotonic() - t0, str(exc))
         baseline, replies = got["baseline"], got["replies"]
         self._replies = replies

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ConnectionCut, DeployError, Interrupted, OperationFailed, RemoteError, TransportError
+from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, TransportError, is_cut
 from .inventory import Host
 from .overlay import Overlay
 from .remote import RESULT_MARKER, program_for
@@ -47,10 +47,6 @@ class PushFailed(OperationFailed):
 
 class BaseDrift(PushFailed):
     """The installed package changed since the snapshot the overlay was built from; nothing was switched."""
-
-
-class Fenced(OperationFailed):
-    """This run no longer holds the host lock (the host gave it up and settled it); nothing more was changed."""
 
 
 #: How long the host waits for a heartbeat before it gives a run up and rolls it back on its own.
@@ -312,7 +308,7 @@ class ReleaseManager:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     what = self.abandon(f"interrupted during {self.stage} ({type(exc).__name__})")
                     raise Interrupted(self._settled_message("interrupted", what)) from exc
-                if _is_cut(exc):
+                if is_cut(exc):
                     raise ConnectionCut(self.host.name, self._after_cut(exc)) from exc
                 if not isinstance(exc, DeployError):
                     self.abandon(f"{type(exc).__name__} during {self.stage}: {exc}")
@@ -331,13 +327,16 @@ class ReleaseManager:
 
     def _after_cut(self, exc: DeployError) -> str:
         """Reconnect after a cut, wait for the host's guardian to settle this run, and say what it did."""
-        head = f"the SSH connection was cut during {self.stage} ({str(exc).split(': ', 1)[-1][:200]})"
+        if isinstance(exc, Fenced):
+            head = f"the host gave this run up during {self.stage} (it lost the run's connection)"
+        else:
+            head = f"the SSH connection was cut during {self.stage}"
         self.lease = None
         deadline = time.monotonic() + 30.0 + float(self.host.server.get("stop_timeout", 20.0)) \
             + float(self.host.probe.get("startup_timeout", 600.0))
         while time.monotonic() < deadline:
             try:
-                info = self._call("show", journal_lines=40, timeout=30)
+                info = self._call("show", root=self.root, journal_lines=40, timeout=30)
             except DeployError:
                 time.sleep(1.0)
                 continue
@@ -497,14 +496,6 @@ class ReleaseManager:
 
     def release_path(self, release_id: str | None) -> str:
         return posixpath.join(self.root, "releases", release_id) if release_id else posixpath.join(self.root, "base")
-
-
-def _is_cut(exc: BaseException) -> bool:
-    """The run lost its host: the connection dropped (a remote step ended with no exit status), or the host already
-    gave the run up (its guardian saw the connection go)."""
-    if isinstance(exc, (TransportError, Fenced)):
-        return True
-    return isinstance(exc, RemoteError) and exc.kind == "crash" and "exited -1" in str(exc)
 
 
 def describe_settlement(outcome: dict[str, Any]) -> str:

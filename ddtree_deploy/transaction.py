@@ -86,8 +86,9 @@ class Run:
 def run_on_host(host: Host, command: str, *, break_lock: bool = False, progress: Progress = quiet,
                 facts: dict[str, Any] | None = None, run_id: str | None = None, probe_pending: bool = False) -> Iterator[Run]:
     """Connect, take the host lock (held by the host's guardian for this run), say what was recovered or broken,
-    and settle a switch that a vanished run left pending (``probe_pending``: probe it first and keep it if it passes;
-    else roll it back). The block then works on a host that is on a good release."""
+    and settle a switch that a vanished run left pending (``probe_pending``: probe it first, as it runs, and keep it
+    if it passes, which needs the server to be running it already: the probe checks where the server loaded DDTree
+    from; else, or when it fails, roll it back). The block then works on a host that is on a good release."""
     with HostConnection(host) as conn:
         mgr = ReleaseManager(conn, run_id or new_run_id())
         with mgr.locked(command, break_lock=break_lock, guard=guard_spec(host), wait=SETTLING_WAIT) as info:

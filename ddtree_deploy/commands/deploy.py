@@ -366,7 +366,8 @@ def server_status(host: str = typer.Argument(...), inventory: Optional[Path] = I
         return
     out.print(table(f"{host}: server", ["field", "value"], [[k, v] for k, v in res.items() if k != "foreign" or v]))
     if res.get("foreign"):
-        err.print(f"[bold yellow]{host}: no server of ddtree-deploy runs, but port {res.get('port', '')} is held by "
+        port = resolve_host(host, inventory).server.get("port")
+        err.print(f"[bold yellow]{host}: no server of ddtree-deploy runs, but port {port} is held by "
                   f"{res['foreign']} (a server the tool did not start)[/bold yellow]", highlight=False)
     if not res.get("running"):
         raise typer.Exit(EXIT_FAILED)

@@ -11,6 +11,9 @@ release it runs from, so a "bad release" really is bad and rolling back really f
   hang          binds the port but /health answers 503 forever
   traceback     like hang, and logs a traceback (a crashed worker behind a live front end)
   wrong-output  like ok, but the last generated token is changed
+  wedge         logs its start line, then nothing: no port, no /health (a start that is stuck)
+  slowload      logs "loading shard i/N" every 0.3 s for ``--load-seconds`` (default 3), then serves like ok: a
+                long start that keeps making progress
 
 Every exit writes ``standin: exit at <epoch seconds>`` to stderr so benchmarks can time detection from the exit.
 """
@@ -67,6 +70,7 @@ def main():
     p.add_argument("--ddtree-budget", type=int, default=16)
     p.add_argument("--ready-after", type=float, default=0.2)
     p.add_argument("--crash-after", type=float, default=0.3)
+    p.add_argument("--load-seconds", type=float, default=3.0)
     args, _ = p.parse_known_args()
     mode, runtime = _mode_and_runtime()
     spec_on = args.speculative_algorithm.upper() != "NONE"
@@ -81,6 +85,15 @@ def main():
                 traceback.print_exc()
             _exit(1)
         _exit(3)
+    if mode == "wedge":
+        while True:
+            time.sleep(3600)
+    if mode == "slowload":
+        shards = max(1, int(args.load_seconds / 0.3))
+        for i in range(shards):
+            sys.stderr.write("standin: loading shard %d/%d\n" % (i + 1, shards))
+            sys.stderr.flush()
+            time.sleep(0.3)
     if mode == "traceback":
         time.sleep(args.crash_after)
         try:
