@@ -59,6 +59,8 @@ LINES = {"push": "pushing ", "switched": "switched current", "restart": "restart
          "startup": "probe stage startup", "generation": "probe stage generation", "plan": "applying patch set"}
 #: Faulty runtimes: appended to the vendored DDTree runtime's __init__.py; they fire only inside the server (the
 #: reference engine), not in the probe's own import of the runtime, so they fail at start like a broken release.
+#: The same faults for the test stand-in server (tests/standin), read from a file the runtime carries.
+STANDIN_MODES = {"crash": "crash", "exit": "exit", "hang": "wedge"}
 VARIANTS = {
     "a": "# fault suite: variant a\n",
     "b": "# fault suite: variant b\n",
@@ -140,10 +142,20 @@ class Cli:
 class FaultBench:
     """The suite's host (a copy of the sandbox base host with its own release root and server port) and its faults."""
 
-    def __init__(self, sandbox_host: SandboxHost, base: Host, work: Path, log: Callable[[str], None] = print) -> None:
-        self.sbox, self.work, self.log = sandbox_host, Path(work), log
+    def __init__(self, sandbox_host: SandboxHost, base: Host, work: Path, log: Callable[[str], None] = print,
+                 engine: str = "refengine") -> None:
+        """``engine``: the server the host runs: "refengine" (the reference engine: real decoding with the overlay's
+        runtime; `make faults`) or "standin" (tests/standin: starts in a fraction of the time; the short form)."""
+        self.sbox, self.work, self.log, self.engine = sandbox_host, Path(work), log, engine
         self.work.mkdir(parents=True, exist_ok=True)
         self.inventory = self.work / "hosts"
+        if engine == "standin":
+            from standin.helpers import STANDIN_PATH, install_standin
+
+            install_standin(base)
+            base = dataclasses.replace(base, server=dict(
+                base.server, command="{python} " + STANDIN_PATH + " --host {host} --port {port} {ddtree_flags}"))
+        self.stall = 2.0 if engine == "standin" else 6.0  # the stand-in logs its start at once: 2 s of silence is a wedge
         self.host = self._host(base, "faults", _free_port(exclude={sandbox_host.server_port, sandbox_host.ssh_port}))
         self.env = {**os.environ, "DDTREE_INVENTORY": str(self.inventory), "DDTREE_SNAPSHOTS": str(self.work / "snapshots"),
                     "COLUMNS": "200", "PYTHONUNBUFFERED": "1", "DDTREE_LEASE_TIMEOUT": "20"}
@@ -156,7 +168,7 @@ class FaultBench:
         host = dataclasses.replace(
             base, name=name, release_root=root or f"{HOST_ROOT}/{name}",
             server=dict(base.server, port=port, stop_timeout=10.0),
-            probe=dict(base.probe, startup_timeout=60.0, startup_stall_timeout=6.0, generation_timeout=60.0))
+            probe=dict(base.probe, startup_timeout=60.0, startup_stall_timeout=self.stall, generation_timeout=60.0))
         path = write_host_yaml(host, self.inventory)
         return load_host_file(path)
 
@@ -167,6 +179,8 @@ class FaultBench:
             shutil.copytree(REPO / "patches" / "ddtree" / "sglang-0.5.11", dest / "sglang-0.5.11")
             init = dest / "runtime" / "__init__.py"
             init.write_text(init.read_text() + "\n" + code)
+            if name in STANDIN_MODES:
+                (dest / "runtime" / "standin_mode").write_text(STANDIN_MODES[name])
         return dest / "sglang-0.5.11"
 
     def cli(self, *args: str, host: Host | None = None) -> Cli:
@@ -292,12 +306,14 @@ class FaultBench:
         notes.update(active=active, before=before, strays=self.strays(h))
         with HostConnection(h) as conn:
             checks["package"] = ReleaseManager(conn).installed_manifest() == self.manifest
-        if probe:
-            pr = self.cli("probe", h.name, "--json")
-            code = pr.finish()
-            checks["serving"] = code == 0
-            if code != 0:
-                notes["probe"] = pr.text[-1500:]
+        if probe:  # what `ddtree-deploy probe` runs, in this process (no start-up cost per trial)
+            from ddtree_deploy.probe import Prober
+
+            with HostConnection(h) as conn:
+                result = Prober(conn).run(active)
+            checks["serving"] = result.ok
+            if not result.ok:
+                notes["probe"] = json.dumps(result.to_dict(), default=str)[-1500:]
         if rerun is not None:
             again = rerun()
             code = again.finish()
@@ -544,34 +560,32 @@ CUT_POINTS = ["plan+0", "push+0", "build:verified", "build:linked", "build:commi
               "startup+1.0", "generation+0", "generation+0.1", "finish", "push+0.02", "switched+0.05", "restart+1.5"]
 SIGNAL_POINTS = ["plan+0", "build:linked", "switch:pending", "server:restart", "startup+0.3", "generation+0", "finish"]
 DISK_FREE = [0, 16 << 10, 256 << 10, 4 << 20]
-SHORT = {  # the selection tests/test_faults.py runs
-    "cut": ["build:committed", "switch:pending", "startup+0.3"], "sigint": ["switch:pending", "startup+0.3"],
-    "sigkill": ["server:restart"], "disk": [0, 256 << 10],
+SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
+    "cut": ["switch:pending"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
 }
 
 
 def run_suite(bench: FaultBench, trials: int, cases: set[str] | None = None, short: bool = False) -> list[Trial]:
+    """The trials: ``trials`` of the mid-push cut (at least 20), one per cut point, and ``trials // 10`` (at least
+    one) of every other fault at each of its points; ``short``: the test suite's selection, one trial each."""
     out: list[Trial] = []
     want = (lambda c: c in cases) if cases else (lambda c: True)
+    each = 1 if short else max(1, trials // 10)
     if want("cut-push"):
-        out += [bench.cut_mid_push(i) for i in range(2 if short else max(trials, 20))]
+        out += [bench.cut_mid_push(i) for i in range(1 if short else max(trials, 20))]
     if want("cut"):
-        points = SHORT["cut"] if short else CUT_POINTS
-        out += [bench.cut_at(p) for _ in range(1 if short else max(1, trials // 10)) for p in points]
+        out += [bench.cut_at(p) for p in (SHORT["cut"] if short else CUT_POINTS)]
     for sig, name in ((signal.SIGINT, "sigint"), (signal.SIGKILL, "sigkill")):
         if want(name):
-            points = SHORT[name] if short else SIGNAL_POINTS
-            out += [bench.signal_at(sig, p) for _ in range(1 if short else max(1, trials // 5)) for p in points]
+            out += [bench.signal_at(sig, p) for _ in range(each) for p in (SHORT[name] if short else SIGNAL_POINTS)]
     if want("server"):
-        out += [bench.server_failure(v) for _ in range(1 if short else max(1, trials // 5)) for v in ("crash", "exit", "hang")]
+        out += [bench.server_failure(v) for _ in range(each) for v in (("hang",) if short else ("crash", "exit", "hang"))]
     if want("concurrent"):
-        n = 1 if short else max(1, trials // 4)
-        out += [bench.concurrent_apply() for _ in range(n)] + [bench.concurrent_stop() for _ in range(n)]
+        out += [t for _ in range(each) for t in (bench.concurrent_apply(), bench.concurrent_stop())]
     if want("corrupt"):
-        out += [bench.corrupt_blob() for _ in range(1 if short else max(1, trials // 5))]
+        out += [bench.corrupt_blob() for _ in range(each)]
     if want("disk"):
-        sizes = SHORT["disk"] if short else DISK_FREE
-        out += [bench.disk_full(s) for _ in range(1 if short else max(1, trials // 5)) for s in sizes]
+        out += [bench.disk_full(s) for _ in range(each) for s in (SHORT["disk"] if short else DISK_FREE)]
         bench.teardown_disk()
     return out
 
@@ -617,7 +631,7 @@ def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Pa
     hang = [t for t in trials if t.case == "hang-start"]
     if hang:
         md += ["", f"Wedged start (log silent, /health failing) detected by the no-progress rule "
-                   f"(probe.startup_stall_timeout 6 s, start-up budget 60 s): {hang[0].notes.get('failure', '')}"]
+                   f"(start-up budget 60 s): {hang[0].notes.get('failure', '')}"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "faults.md").write_text("\n".join(md) + "\n")
     (out_dir / "faults.json").write_text(json.dumps({"command": command, "seconds": round(seconds, 1),
@@ -630,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=20, help="trials of the mid-push cut (at least 20); other cases scale")
     p.add_argument("--cases", default="", help="comma-separated subset: cut-push,cut,sigint,sigkill,server,concurrent,corrupt,disk")
     p.add_argument("--short", action="store_true", help="the short selection the test suite runs")
+    p.add_argument("--engine", choices=("refengine", "standin"), default="refengine",
+                   help="the host's server: the reference engine (real decoding) or the tests' stand-in (faster)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
     t0 = time.monotonic()
@@ -639,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         state = box.up(DEFAULT_HOSTS[:1])
         sbox = state.hosts[DEFAULT_HOSTS[0][0]]
         base = load_host_file(Path(sbox.inventory_file))
-        bench = FaultBench(sbox, base, tmp / "work")
+        bench = FaultBench(sbox, base, tmp / "work", engine=args.engine)
         print("setting up: first apply on the fault host")
         bench.setup()
         trials = run_suite(bench, args.trials, set(filter(None, args.cases.split(","))) or None, args.short)

@@ -149,6 +149,19 @@ class SnapshotStore:
     def has_blob(self, sha256: str) -> bool:
         return (self.objects / sha256).is_file()
 
+    def read_blob(self, sha256: str, *, path: str, snapshot_id: str) -> bytes:
+        """The bytes of one blob, checked against its name: a missing or damaged blob is refused (bad input: the
+        store), naming the file and the command that mends it. Every reader of base files goes through here."""
+        try:
+            data = (self.objects / sha256).read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"snapshot {snapshot_id}: the blob of {path} is missing from the store {self.objects}",
+                             hint=f"`ddtree-deploy snapshot verify {snapshot_id} --repair` fetches it again") from None
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise InputError(f"snapshot {snapshot_id}: the blob of {path} does not match its manifest hash (store "
+                             "corrupted)", hint=f"`ddtree-deploy snapshot verify {snapshot_id} --repair` fetches it again")
+        return data
+
     def intact_blobs(self, wanted: dict[str, int], *, refresh: bool = False) -> set[str]:
         """Which of ``wanted`` (sha256 -> size) the store holds intact. A blob whose stat (size, mtime, ctime, inode)
         is the one recorded when it was last verified is trusted; any other is re-hashed (``refresh``: all are).
@@ -526,16 +539,7 @@ class SnapshotStore:
                 continue
             entry = manifest[rel]
             blob = self.blob_path(entry["sha256"])
-            try:
-                data = blob.read_bytes()
-            except FileNotFoundError:
-                raise OperationFailed(f"snapshot {snap.id}: blob for {rel} missing; run `ddtree-deploy snapshot verify "
-                                      f"{snap.id} --repair`") from None
-            if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-                raise OperationFailed(f"snapshot {snap.id}: the blob of {rel} ({blob}) does not match its sha256 "
-                                      "(store corrupted); nothing more was written",
-                                      hint=f"`ddtree-deploy snapshot verify {snap.id} --repair` fetches it again from "
-                                           f"{snap.host}")
+            data = self.read_blob(entry["sha256"], path=rel, snapshot_id=snap.id)
             target.unlink(missing_ok=True)
             if link:
                 try:

@@ -11,12 +11,11 @@ import time
 
 import pytest
 
-from ddtree_deploy.deploy import deploy_overlay
 from ddtree_deploy.probe import Prober
 from ddtree_deploy.release import ReleaseManager
 from ddtree_deploy.server import ServerControl
 from ddtree_deploy.transport import HostConnection
-from standin.helpers import STANDIN_PATH, install_standin, overlay, remove_root, run_cli, standin_host, write_host_yaml
+from standin.helpers import STANDIN_PATH, deployed_standin, install_standin, remove_root, run_cli, standin_host, write_host_yaml
 
 pytestmark = pytest.mark.sandbox
 
@@ -24,12 +23,8 @@ pytestmark = pytest.mark.sandbox
 @pytest.fixture(scope="module")
 def two(sandbox, tmp_path_factory):
     """A host copy with a good release, then a second release that failed its probe (marked bad)."""
-    host = standin_host(sandbox.base, "t-hostops")
-    install_standin(host)
     inv = tmp_path_factory.mktemp("hostops") / "hosts"
-    write_host_yaml(host, inv)
-    good = deploy_overlay(host, overlay())
-    bad = deploy_overlay(host, overlay("crash"))
+    host, (good, bad) = deployed_standin(sandbox.base, "t-hostops", inv, None, "crash")
     assert good.status == "ok" and bad.status == "rolled-back"
     yield host, inv, good.release, bad.release
     remove_root(host)

@@ -14,13 +14,12 @@ import json
 
 import pytest
 
-from ddtree_deploy.deploy import deploy_overlay
 from ddtree_deploy.errors import Fenced, OperationFailed
 from ddtree_deploy.probe import guard_spec
 from ddtree_deploy.release import LockHeld, ReleaseManager
 from ddtree_deploy.server import ServerControl
 from ddtree_deploy.transport import HostConnection
-from standin.helpers import install_standin, overlay, remove_root, run_cli, standin_host, write_host_yaml
+from standin.helpers import deployed_standin, overlay, remove_root, run_cli, standin_host, write_host_yaml
 
 pytestmark = pytest.mark.sandbox
 
@@ -28,11 +27,8 @@ pytestmark = pytest.mark.sandbox
 @pytest.fixture(scope="module")
 def good(sandbox, tmp_path_factory):
     """A host copy (stand-in server) with one good release, its host file in an inventory of its own."""
-    host = standin_host(sandbox.base, "t-tx")
-    install_standin(host)
     inv = tmp_path_factory.mktemp("tx") / "hosts"
-    write_host_yaml(host, inv)
-    report = deploy_overlay(host, overlay())
+    host, (report,) = deployed_standin(sandbox.base, "t-tx", inv, None)
     assert report.status == "ok", report.message
     yield host, inv, report.release
     remove_root(host)
@@ -101,7 +97,7 @@ def test_next_command_rolls_back_a_pending_switch_nobody_settled_and_says_so(goo
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = " ".join(proc.stderr.split())
     assert f"found release {left} switched in by run" in said and "never probed" in said
-    assert f"the host rolled back" in said and f"back on release {release}" in said
+    assert "the host rolled back" in said and f"back on release {release}" in said
     info = _show(host)
     assert info["state"]["active"] == release and info["state"]["pending"] is None and info["lock"] is None
     assert next(r for r in info["state"]["releases"] if r["id"] == left)["status"] == "interrupted"

@@ -91,3 +91,14 @@ def install_fake_systemd(host: Host, name: str) -> str:
         conn.run(f"cd {d}/bin && sed -i '1i #!{host.python}' fake_systemd.py && chmod +x fake_systemd.py && "
                  f"for t in systemctl journalctl sudo; do ln -s fake_systemd.py $t; done && echo {d}/units > {d}/unit_dir")
     return d
+
+
+def deployed_standin(base: Host, root_name: str, inventory: Path, *modes: str | None) -> tuple[Host, list[Any]]:
+    """A stand-in host copy with its host file in ``inventory`` and one deploy per entry of ``modes`` (None: a good
+    overlay; a mode: an overlay the stand-in fails with). Returns the host and the deploy reports."""
+    from ddtree_deploy.deploy import deploy_overlay
+
+    host = standin_host(base, root_name)
+    install_standin(host)
+    write_host_yaml(host, inventory)
+    return host, [deploy_overlay(host, overlay(m)) for m in modes]

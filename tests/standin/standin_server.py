@@ -2,7 +2,8 @@
 
 Stdlib only; copied onto sandbox hosts and started as the host's server command. Its behaviour comes from the
 release it runs from, so a "bad release" really is bad and rolling back really fixes it: the mode is read from
-``<sglang package>/standin_mode`` (found with find_spec, like the real runtime loader), overridden by the
+``<sglang package>/standin_mode`` (found with find_spec, like the real runtime loader) or from ``standin_mode``
+in the release's DDTree runtime directory (so a patch set's vendored runtime can carry it), overridden by the
 ``STANDIN_MODE`` environment variable. Modes:
 
   ok            /health 200 after ``--ready-after`` seconds; /generate answers deterministically from the prompt
@@ -44,6 +45,11 @@ def _mode_and_runtime():
         rdir = os.path.join(pkg, "srt", "speculative", "ddtree")
         if os.path.isfile(os.path.join(rdir, "__init__.py")):
             runtime = os.path.realpath(rdir)
+            try:
+                with open(os.path.join(rdir, "standin_mode")) as fh:
+                    mode = fh.read().strip() or mode
+            except OSError:
+                pass
     return os.environ.get("STANDIN_MODE", mode), runtime
 
 
