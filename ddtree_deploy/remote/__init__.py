@@ -7,7 +7,8 @@ transport pipes it into ``python -c`` on the host with the arguments appended, s
 
 A module that needs another module's functions on the host says so in a line ``# requires: server probe``: each
 required module is then loaded into its own namespace (sharing the frame) and reachable as ``_MODULES["server"]``,
-so modules keep their own names and never collide.
+so modules keep their own names and never collide. A line ``# includes: _part`` glues ``_part.py`` into the
+module's own namespace instead (one program split into files of one job each).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 RESULT_MARKER = "@@DDTREE-RESULT@@"
 _HERE = Path(__file__).parent
 _REQUIRES = re.compile(r"^# requires:(.*)$", re.MULTILINE)
+_INCLUDES = re.compile(r"^# includes:(.*)$", re.MULTILINE)
 
 _LOADER = '''
 import types as _types
@@ -50,10 +52,10 @@ SESSION_BOOT = (
 )
 
 
-def _source(module: str) -> str:
+def _source(module: str, *, part: bool = False) -> str:
     path = _HERE / f"{module}.py"
-    if not path.is_file() or module.startswith("_"):
-        raise ValueError(f"no remote module named {module!r} in {_HERE}")
+    if not path.is_file() or module.startswith("_") != part:
+        raise ValueError(f"no remote {'part' if part else 'module'} named {module!r} in {_HERE}")
     return path.read_text()
 
 
@@ -74,5 +76,8 @@ def program_for(module: str) -> bytes:
         parts.append(_LOADER)
         for name in needed:
             parts.append(f"_load_module({name!r}, {_source(name)!r})\n")
+    m = _INCLUDES.search(body)
+    for name in m.group(1).split() if m else []:
+        parts.append(f"\n\n# ---- {module}: {name} ----\n" + _source(name, part=True))
     parts.append("\n\n# ---- " + module + " ----\n" + body + "\n\n_ddtree_main(OPS)\n")
     return "".join(parts).encode()
