@@ -285,8 +285,8 @@ class FaultBench:
         (local / ".fault-reached").unlink(missing_ok=True)
 
     # -- checks --------------------------------------------------------------------------------------------------------
-    def check(self, before: str | None, run_ok: bool, host: Host | None = None, *, rerun: Callable[[], Cli] | None = None,
-              probe: bool = True) -> tuple[dict[str, bool], dict[str, Any]]:
+    def check(self, before: str | None, known_before: set[str], host: Host | None = None, *,
+              rerun: Callable[[], Cli] | None = None, probe: bool = True) -> tuple[dict[str, bool], dict[str, Any]]:
         h = host or self.host
         notes: dict[str, Any] = {}
         settle = self.wait_unlocked(h)
@@ -299,9 +299,10 @@ class FaultBench:
         expect_link = f"releases/{active}" if active else "base"
         checks = {
             "lock": info["lock"] is None and not self.strays(h),
+            # the last good release, or the new one when its verdict (good) was recorded before the fault hit
             "state": (st.get("pending") is None and link == expect_link
                       and (active is None or (rel is not None and rel.get("status") == "good"))
-                      and (active == before or run_ok)),
+                      and (active == before or active not in known_before)),
         }
         notes.update(active=active, before=before, strays=self.strays(h))
         with HostConnection(h) as conn:
@@ -326,19 +327,21 @@ class FaultBench:
               host: Host | None = None, rerun: Callable[[], Cli] | None = None, probe: bool = True) -> Trial:
         h = host or self.host
         self.resume(h)
-        before = self.show(h)["state"]["active"]
+        st0 = self.show(h)["state"]
+        before, known = st0["active"], {r["id"] for r in st0["releases"]}
         t0 = time.monotonic()
         try:
             code, text, run_ok = fault()
         finally:
             self.resume(h)
         seconds = time.monotonic() - t0
-        checks, notes = self.check(before, run_ok, h, rerun=rerun, probe=probe)
+        checks, notes = self.check(before, known, h, rerun=rerun, probe=probe)
+        notes["exit_ok"] = run_ok
         held = all(checks.values())
         message = next((ln.strip() for ln in reversed(text.splitlines()) if "error:" in ln or ": ok" in ln
                         or "rolled-back" in ln or "unchanged" in ln), text.strip().splitlines()[-1] if text.strip() else "")
         trial = Trial(case, point, held, checks, code, round(seconds, 2), message[:300], notes)
-        if not held:
+        if not held or seconds > 30:  # a failed or a slow trial keeps the CLI's output for the record
             trial.notes["output"] = text[-3000:]
         self.log(f"  {case:<16} {point:<22} {'held' if held else 'FAILED'}  exit {code}  {seconds:5.1f} s  "
                  + ("" if held else json.dumps({k: v for k, v in checks.items() if not v})))
@@ -557,8 +560,8 @@ def _size(n: int) -> str:
 #: Cut points spread over push, switch, restart, probe and finish (host-side pauses and the CLI's progress lines).
 CUT_POINTS = ["plan+0", "push+0", "build:verified", "build:linked", "build:committed", "switch:pending", "switch:flipped",
               "switched+0", "server:restart", "restart+0", "restart+0.2", "restart+0.5", "startup+0", "startup+0.3",
-              "startup+1.0", "generation+0", "generation+0.1", "finish", "push+0.02", "switched+0.05", "restart+1.5"]
-SIGNAL_POINTS = ["plan+0", "build:linked", "switch:pending", "server:restart", "startup+0.3", "generation+0", "finish"]
+              "startup+1.0", "generation+0", "generation+0.1", "finish:start", "push+0.02", "switched+0.05", "restart+1.5"]
+SIGNAL_POINTS = ["plan+0", "build:linked", "switch:pending", "server:restart", "startup+0.3", "generation+0", "finish:start"]
 DISK_FREE = [0, 16 << 10, 256 << 10, 4 << 20]
 SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
     "cut": ["switch:pending"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],

@@ -110,7 +110,7 @@ def probe(host: Host, *, record: bool = False, record_with_ddtree: bool = False,
     pending = info["state"].get("pending")
     if pending and info.get("lock_state") in ("free", "dead"):
         with run_on_host(host, "ddtree-deploy probe", progress=progress, probe_pending=True) as run:
-            result = run.prober.run(run.state["active"])
+            result = run.settled_probe or run.prober.run(run.state["active"])
             result.label = f"probe ({run.settled})" if run.settled else result.label
             return result, None
     with HostConnection(host) as conn:

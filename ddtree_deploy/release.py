@@ -344,7 +344,12 @@ class ReleaseManager:
                 done = [e for e in info["journal"] if e.get("run") == self.run_id and e.get("event") == "reconciled"]
                 if done:
                     return f"{head}; {describe_settlement(done[-1])}"
-                return f"{head}; the host released this run's lock; nothing was left pending"
+                st = info["state"]
+                rel = next((r for r in st["releases"] if r["id"] == st["active"]), {})
+                if rel.get("run") == self.run_id and rel.get("status") == "good":
+                    return (f"{head}; release {st['active']} had passed its probe and its verdict was recorded before "
+                            "the cut: it is active and good")
+                return f"{head}; nothing was left pending: the host is on {st['active'] or 'the installed package'}"
             time.sleep(0.5)
         return (f"{head}; the host's guardian settles the run on its own when it notices; "
                 f"`ddtree-deploy releases {self.host.name}` shows what it did")
@@ -517,7 +522,7 @@ def describe_settlement(outcome: dict[str, Any]) -> str:
         return f"the host restarted the server on {where} as configured{server}"
     if action == "failed":
         return f"the host could not settle the run: {outcome.get('detail')} — the host needs attention"
-    return "nothing was pending on the host; it released the lock"
+    return f"nothing was pending on the host (it is on {where}); it released the lock"
 
 
 def rollback_target(state: dict[str, Any], failed: str | None) -> str | None:

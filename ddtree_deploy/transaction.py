@@ -76,6 +76,7 @@ class Run:
     prober: Prober
     lock_info: dict[str, Any]
     settled: str | None = None  # what was done about a pending switch left by a vanished run
+    settled_probe: ProbeResult | None = None  # the probe that kept a pending release (probe_pending)
 
     @property
     def state(self) -> dict[str, Any]:
@@ -113,6 +114,7 @@ def _settle_pending(run: Run, pending: dict[str, Any], probe_first: bool, progre
         mgr.stage = "probe of a pending release"
         result = run.prober.run(rel, label="probe (pending release)")
         if result.ok:
+            run.settled_probe = result
             mgr.finish(rel, "good", "reconciled", outcome="probed-good", release=rel, left_by=pending.get("run"))
             message = f"{head}; probed it: it passes, so it stays active (marked good)"
             progress(f"{host.name}: {message}")

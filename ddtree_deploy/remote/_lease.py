@@ -216,7 +216,7 @@ def _settle(root, rid, why, guard, by):
     pend = state.get("pending")
     removed = _remove_leftovers(root, rid, state)
     rec = _read_lock(root) or {}
-    out = {"action": "none", "removed": removed, "by": by}
+    out = {"action": "none", "removed": removed, "by": by, "to": state["active"]}
     if pend:
         target = pend.get("safe")
         failed = pend.get("release") if pend.get("release") != target else None

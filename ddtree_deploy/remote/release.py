@@ -342,7 +342,7 @@ def finish(root, release_id, status, keep, run_id, event, fields, note="", fence
     cleared, old releases pruned, a journal line. The lock is released by the run's holder afterwards."""
     with _OpLock(root):
         _fence(root, fence)
-        _fault_point(root, "finish")
+        _fault_point(root, "finish:start")
         state = _load_state(root)
         if release_id and status:
             _set_status(state, release_id, status, note)
