@@ -113,6 +113,13 @@ def describe_holder(holder: dict[str, Any], host_rebooted: bool) -> tuple[str, s
     return who, None
 
 
+def _tool_gone_here(holder: dict[str, Any]) -> bool:
+    """The lock's run was started on this machine (this boot) and its process no longer runs."""
+    pid = holder.get("control_pid")
+    return (bool(holder.get("holder_pid")) and holder.get("control_host") == socket.gethostname()
+            and holder.get("control_boot_id") == _boot_id() and isinstance(pid, int) and not _pid_alive(pid))
+
+
 def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK, extra: dict[str, bytes] | None = None) -> Iterator[bytes]:
     """The overlay's files (and ``extra`` files at the top, e.g. the build request) as one uncompressed tar stream,
     produced in chunks (small: the files are source). The extra files come last, so a cut stream never holds a
@@ -265,7 +272,9 @@ class ReleaseManager:
                 self.lease = lease
                 return res
             holder = res.get("holder") or {}
-            busy = res.get("settling") or res.get("lock_state") == "busy"
+            # the host is settling a vanished run, or is about to (the run's tool ran here and is gone: its guardian
+            # gives it up at the end of its input or its next missed heartbeat)
+            busy = res.get("settling") or res.get("lock_state") == "busy" or _tool_gone_here(holder)
             if busy and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue

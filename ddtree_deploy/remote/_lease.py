@@ -257,9 +257,35 @@ def _health(root, guard):
     return {"state": got["state"], "seconds": got["seconds"], "pid": got.get("pid")}
 
 
+def _stop_run_processes(root, rid):
+    """Kill what is left of run ``rid``'s push on the host (a `tar -x` still unpacking a cut stream into its staging
+    dir, the build behind it) and wait until it is gone, so nothing writes there after the cleanup."""
+    mark = os.path.join(root, "staging", rid).encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as fh:
+                if mark in fh.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.time() + 10
+    while pids and time.time() < deadline:
+        pids = [p for p in pids if _proc_start_ticks(p) is not None]
+        time.sleep(0.02)
+
+
 def _remove_leftovers(root, rid, state):
     """Staging dirs, half-built releases, and releases of ``rid`` that were built but never switched in."""
     removed = []
+    _stop_run_processes(root, rid)
     shutil.rmtree(os.path.join(root, "staging", rid), ignore_errors=True)
     rel_dir = os.path.join(root, "releases")
     for entry in os.listdir(rel_dir) if os.path.isdir(rel_dir) else []:
