@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from .errors import InputError
-from .schema import Field, absolute_path, non_negative, port_range, positive, validate
+from .schema import Field, absolute_path, become_command, non_negative, port_range, positive, validate
 
 #: How SGLang (or the sandbox's reference engine) runs on the host. See docs in hosts/ct129.yaml.
 SERVER_SCHEMA: dict[str, Field] = {
@@ -28,9 +28,9 @@ SERVER_SCHEMA: dict[str, Field] = {
     "unit": Field("str", default="", help="systemd unit name (kind: systemd)"),
     "unit_dir": Field("str", default="/etc/systemd/system", check=absolute_path,
                       help="where the unit's drop-in directory lives (kind: systemd)"),
-    "become": Field("str", default="", help="privilege escalation for the drop-in, systemctl and journalctl: "
-                    "sudo or doas (run with -n), or an absolute command prefix", check=lambda v: None
-                    if v in ("", "sudo", "doas") or v.startswith("/") else "expected sudo, doas or an absolute command"),
+    "become": Field("str", default="", check=become_command,
+                    help="privilege escalation for the drop-in, systemctl and journalctl: sudo or doas (run with -n), "
+                         "or an absolute command prefix"),
     "stop_timeout": Field("float", default=20.0, check=positive),
 }
 

@@ -526,7 +526,7 @@ def describe_settlement(outcome: dict[str, Any]) -> str:
     if action == "rolled-back":
         left = outcome.get("release")
         what = f"release {left}" if left else "the installed package"
-        return f"the host rolled back: {what} was switched in but never probed; back on {where}{server}"
+        return f"the host rolled back: {what} was switched in but had no verdict from its probe; back on {where}{server}"
     if action == "server-restored":
         return f"the host restarted the server on {where} as configured{server}"
     if action == "failed":

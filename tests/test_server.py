@@ -54,6 +54,15 @@ def test_systemd_dropin_sets_pythonpath_and_quotes_environment(tmp_path):
                          'Environment="DDTREE_FLAGS="']
 
 
+def test_become_is_validated_and_run_without_a_prompt(tmp_path):
+    from ddtree_deploy.server import become_prefix
+
+    with pytest.raises(InputError, match=r"gpu1.yaml: field 'server.become': expected sudo, doas or an absolute command"):
+        _host(tmp_path, {"kind": "systemd", "unit": "sglang.service", "become": "su"})
+    assert become_prefix(_host(tmp_path, {"kind": "systemd", "unit": "u", "become": "sudo"})) == "sudo -n"
+    assert become_prefix(_host(tmp_path, {"kind": "systemd", "unit": "u", "become": "/usr/bin/doas -u svc"})) == "/usr/bin/doas -u svc"
+
+
 def test_systemd_dropin_carries_ddtree_flags_on_and_off(tmp_path):
     """The host file's DDTree flags reach the unit: as DDTREE_FLAGS always, and in an ExecStart that replaces the
     unit's own when the host file gives the command; with DDTree off (a baseline) both lose the flags."""
