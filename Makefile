@@ -3,7 +3,7 @@ PY ?= python3
 STAMP := .cache/deps.stamp
 export TRITON_INTERPRET ?= 1
 
-.PHONY: install deps demo test test-gpu bench lint clean
+.PHONY: install deps demo test test-gpu bench faults lint clean
 
 install: $(STAMP)
 
@@ -43,6 +43,10 @@ test-gpu:
 bench: install
 	@mkdir -p bench/results
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# the fault-injection suite, long form (the test suite runs its short form): bench/results/faults.md
+faults: install
+	$(PY) bench/faults.py --trials 20
 
 lint: install
 	$(PY) -m ruff check ddtree_deploy tests bench

@@ -12,6 +12,7 @@ EXIT_USAGE = 2  # usage or bad input (inventory, patch set)
 EXIT_UNREACHABLE = 3  # host unreachable or SSH failure
 EXIT_ABI = 4  # ABI incompatibility
 EXIT_PATCH = 5  # patch does not apply to this base
+EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C, SIGTERM): the host was settled (rolled back) before we exited
 
 
 class DeployError(Exception):
@@ -48,6 +49,16 @@ class TransportError(DeployError):
         self.host = host
 
 
+class ConnectionCut(TransportError):
+    """The connection died in the middle of a run; the message says what the host did about it."""
+
+
+class Interrupted(DeployError):
+    """Ctrl-C or SIGTERM during a run; the message says how the host was settled."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
 class HostKeyError(TransportError):
     """The host's key is unknown or changed; we never connect to such a host silently."""
 
@@ -60,6 +71,20 @@ class RemoteError(OperationFailed):
         self.host = host
         self.op = op
         self.kind = kind
+
+
+class Fenced(OperationFailed):
+    """This run no longer holds the host lock (the host gave it up and settled it); nothing more was changed."""
+
+
+def is_cut(exc: BaseException) -> bool:
+    """The run lost its host: the connection dropped (a remote step ended with no exit status, or the channel
+    failed), or the host already gave the run up (its guardian saw the connection go). Not a timeout."""
+    if isinstance(exc, Fenced):
+        return True
+    if isinstance(exc, TransportError):
+        return "timed out" not in exc.message
+    return isinstance(exc, RemoteError) and exc.kind == "crash" and "exited -1" in str(exc)
 
 
 class AbiIncompatible(DeployError):

@@ -79,6 +79,19 @@ def rollout(hosts: list[Host], action: Callable[[Host], ApplyReport], *, max_par
             names = [h.name for h in rest]
             return FleetResult(reports, names, f"canary {first.name} failed ({report.status}); the other hosts were not touched",
                                time.monotonic() - t0)
+    try:
+        return _rest(hosts, rest, reports, action, max_parallel, max_fail, progress, t0)
+    except KeyboardInterrupt:
+        from .release import abandon_all
+
+        handed = abandon_all("interrupted (Ctrl-C during a fleet apply)")
+        progress(f"interrupted: {handed} host(s) in the middle of a run were handed to their hosts, which roll back "
+                 "anything not yet probed")
+        raise
+
+
+def _rest(hosts: list[Host], rest: list[Host], reports: list[ApplyReport], action: Callable[[Host], ApplyReport],
+          max_parallel: int, max_fail: int, progress: Callable[[str], None], t0: float) -> FleetResult:
     lock = threading.Lock()
     failures = sum(1 for r in reports if not r.ok)
     skipped: list[str] = []

@@ -23,7 +23,7 @@ import yaml
 
 from . import paths
 from .errors import InputError
-from .schema import Field, absolute_path, collect, port_range, positive, raise_problems
+from .schema import Field, absolute_path, become_command, collect, non_negative, port_range, positive, raise_problems
 
 log = logging.getLogger("ddtree_deploy.inventory")
 
@@ -49,12 +49,19 @@ SERVER_SCHEMA: dict[str, Field] = {
     "port": Field("int", default=30000, check=port_range),
     "env": Field("str-map", default=dict, help="extra environment for the server"),
     "unit": Field("str", default="", help="systemd unit name (kind: systemd)"),
+    "unit_dir": Field("str", default="/etc/systemd/system", check=absolute_path,
+                      help="where the unit's drop-in directory lives (kind: systemd)"),
+    "become": Field("str", default="", check=become_command,
+                    help="privilege escalation for the drop-in, systemctl and journalctl: sudo or doas (run with -n), "
+                         "or an absolute command prefix"),
     "stop_timeout": Field("float", default=20.0, check=positive),
 }
 
 #: How the probe judges a freshly started server.
 PROBE_SCHEMA: dict[str, Field] = {
     "startup_timeout": Field("float", default=600.0, check=positive, help="seconds for /health to answer 200"),
+    "startup_stall_timeout": Field("float", default=300.0, check=non_negative,
+                                   help="fail start-up once the server log is silent and /health failing this long (0: off)"),
     "overlay_timeout": Field("float", default=60.0, check=positive),
     "selftest_timeout": Field("float", default=120.0, check=positive),
     "generation_timeout": Field("float", default=120.0, check=positive),

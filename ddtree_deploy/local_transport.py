@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import IO, Iterable, Iterator
 
 from .errors import RemoteError, TransportError
-from .transport import CHUNK, HostConnection, RunResult, StreamReader, pump_stdin, short
+from .transport import CHUNK, HostConnection, RunResult, SessionChannel, StreamReader, pump_stdin, short
 
 log = logging.getLogger("ddtree_deploy.transport")
 
@@ -53,6 +53,9 @@ class LocalConnection(HostConnection):
                                     start_new_session=True)
         except OSError as exc:
             raise TransportError(self.host.name, f"cannot start {SHELL}: {exc.strerror}") from exc
+
+    def _session_channel(self, command: str) -> SessionChannel:
+        return _LocalSessionChannel(self._spawn(command, stdin=True))
 
     def run(self, command: str, *, stdin: bytes | Iterable[bytes] | None = None, timeout: float | None = None,
             check: bool = True) -> RunResult:
@@ -152,3 +155,59 @@ class _DeadlineReader(StreamReader):
         if not self.sel.select(timeout=min(self.read_timeout, self.deadline - now)):
             raise TransportError(self.host, f"no data from {short(self.command)} within the read timeout")
         return os.read(self.fd, size)
+
+
+class _LocalSessionChannel(SessionChannel):
+    """A long-lived local command's pipes as a session channel. Closing it closes the command's input, which is how
+    the command learns that this side is done (or gone); the command itself is left to finish on its own, as a
+    remote one is when its SSH channel closes."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.closed = False
+        self._fds = {"out": proc.stdout.fileno(), "err": proc.stderr.fileno()}  # type: ignore[union-attr]
+        for fd in self._fds.values():
+            os.set_blocking(fd, False)
+
+    def _ready(self, fd: int) -> bool:
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            return bool(sel.select(timeout=0))
+
+    def _read(self, fd: int, size: int) -> bytes:
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            return b""
+
+    def recv_ready(self) -> bool:
+        return not self.closed and self._ready(self._fds["out"])
+
+    def recv(self, size: int) -> bytes:
+        return self._read(self._fds["out"], size)
+
+    def recv_stderr_ready(self) -> bool:
+        return not self.closed and self._ready(self._fds["err"])
+
+    def recv_stderr(self, size: int) -> bytes:
+        return self._read(self._fds["err"], size)
+
+    def exit_status_ready(self) -> bool:
+        return self.proc.poll() is not None
+
+    def sendall(self, data: bytes) -> None:
+        if self.closed or self.proc.stdin is None:
+            raise EOFError("session closed")
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass

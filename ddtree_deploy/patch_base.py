@@ -174,16 +174,7 @@ class SnapshotBase(BaseSource):
         return str(self._entry(path)["sha256"])
 
     def read(self, path: str) -> bytes:
-        entry = self._entry(path)
-        blob = Path(self.store.blob_path(entry["sha256"]))
-        try:
-            data = blob.read_bytes()
-        except FileNotFoundError:
-            raise InputError(f"{self.label}: the blob of {path} is missing from the store "
-                             f"(`ddtree-deploy snapshot verify {self.snapshot_id}`)") from None
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise InputError(f"{self.label}: the blob of {path} does not match its manifest hash (store corrupted)")
-        return data
+        return self.store.read_blob(self._entry(path)["sha256"], path=path, snapshot_id=self.snapshot_id)
 
     def materialize(self, dest: Path, paths: Iterable[str] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> list[str]:

@@ -52,6 +52,8 @@ class RefreshResult:
     base_files: dict[str, str]
     yaml_rewritten: bool  # False: series and hashes were already as written
     yaml_comments_kept: bool = True
+    dry_run: bool = False  # nothing was written; ``diffs`` holds what would change
+    diffs: dict[str, str] = field(default_factory=dict)  # file name -> unified diff (new and removed files included)
 
 
 def _state_path(repo: Path) -> Path:
@@ -169,8 +171,9 @@ def slug(subject: str) -> str:
     return s[:52].rstrip("-") or "patch"
 
 
-def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) -> RefreshResult:
-    """Write the commits after the base of ``repo`` back as ``patchset``'s series; nothing is written on error."""
+def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False, dry_run: bool = False) -> RefreshResult:
+    """Write the commits after the base of ``repo`` back as ``patchset``'s series; nothing is written on error.
+    ``dry_run``: every check runs, nothing is written, and the result says what would be (with the diffs)."""
     repo = Path(repo)
     state = read_state(repo)
     base_version = state["base"]["version"]
@@ -241,6 +244,8 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) 
         load_patchset(scratch / PATCHSET_FILE)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if dry_run:
+        return _refresh_plan(patchset, names, bodies, base_files, old_text, new_text, kept)
     written, unchanged = [], []
     for name in names:
         target = patchset.dir / name
@@ -264,6 +269,33 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False) 
     _write_state(repo, state)
     return RefreshResult(series=names, written=written, unchanged=unchanged, removed=removed, base_files=base_files,
                          yaml_rewritten=new_text != old_text, yaml_comments_kept=kept)
+
+
+def _refresh_plan(patchset: PatchSet, names: list[str], bodies: dict[str, bytes], base_files: dict[str, str],
+                  old_text: str, new_text: str, kept: bool) -> RefreshResult:
+    """What refresh would write, with a unified diff per file, touching nothing."""
+    import difflib
+
+    def udiff(name: str, old: str, new: str) -> str:
+        return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{name}", f"b/{name}"))
+
+    written, unchanged, diffs = [], [], {}
+    for name in names:
+        target = patchset.dir / name
+        old = target.read_bytes() if target.is_file() and not target.is_symlink() else b""
+        if old == bodies[name]:
+            unchanged.append(name)
+            continue
+        written.append(name)
+        diffs[name] = udiff(name, old.decode("utf-8", "replace"), bodies[name].decode("utf-8", "replace"))
+    removed = [old for old in patchset.series
+               if old not in names and (patchset.dir / old).is_file() and not (patchset.dir / old).is_symlink()]
+    for name in removed:
+        diffs[name] = udiff(name, (patchset.dir / name).read_text(errors="replace"), "")
+    if new_text != old_text:
+        diffs[PATCHSET_FILE] = udiff(PATCHSET_FILE, old_text, new_text)
+    return RefreshResult(series=names, written=written, unchanged=unchanged, removed=removed, base_files=base_files,
+                         yaml_rewritten=new_text != old_text, yaml_comments_kept=kept, dry_run=True, diffs=diffs)
 
 
 # -- editing patchset.yaml in place --------------------------------------------------------------------------------------

@@ -5,9 +5,16 @@
                  stack); its ``__version__`` is reported.
 2. ``selftest``  the runtime's ``self_test("cuda")`` on the host GPU; skipped (and said so) without a GPU.
 3. ``startup``   pid + log + ``/health`` polled ON the host every ~100 ms in one remote call: a dead process or a
-                 traceback in the log fails at once, ``/health`` 200 must come within the start-up budget.
+                 traceback in the log fails at once, ``/health`` 200 must come within the start-up budget, and a
+                 start whose log stays silent while /health fails for ``probe.startup_stall_timeout`` seconds is
+                 wedged and fails then (a real model load keeps logging, so it keeps its whole budget). A server we
+                 did not start answering on the port is named as such.
 4. ``generation`` fixed prompts at temperature 0 must match the recorded baseline token for token; the
                  speculative acceptance length from ``meta_info.spec_accept_length`` is reported.
+
+After the stages the result carries what the user sees of DDTree (``ProbeResult.ddtree``): the active budget (or
+schedule), the acceptance length (the probe's replies and the server's own ``avg_spec_accept_length``) and tok/s
+(the probe's replies and the server's ``last_gen_throughput``), read from SGLang's ``/get_server_info``.
 
 Baselines live on the host, in ``<release_root>/probe-baseline.json``: they describe that host's model and
 server, they survive a change of control machine, and every deploy to the host compares against the same file.
@@ -21,9 +28,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .errors import DeployError, OperationFailed
+from .errors import ConnectionCut, DeployError, OperationFailed, RemoteError, TransportError, is_cut
 from .inventory import Host
-from .server import ServerControl, base_url, managed_paths, server_kind
+from .server import ServerControl, base_url, become_prefix, managed_paths, server_kind, server_spec
 from .transport import HostConnection
 
 RUNTIME_SUBDIR = "srt/speculative/ddtree"
@@ -46,6 +53,7 @@ class ProbeResult:
     release: str | None
     stages: list[Stage]
     label: str = "probe"
+    ddtree: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -61,7 +69,7 @@ class ProbeResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "label": self.label, "release": self.release, "ok": self.ok, "seconds": self.seconds,
-                "stages": [asdict(s) for s in self.stages]}
+                "stages": [asdict(s) for s in self.stages], "ddtree": self.ddtree}
 
 
 def baseline_path(host: Host) -> str:
@@ -76,22 +84,95 @@ def expected_sglang_dir(host: Host, release: str | None) -> str:
 
 def _pid_source(host: Host) -> dict[str, Any]:
     if server_kind(host) == "systemd":
-        return {"kind": "systemd", "unit": host.server["unit"]}
+        return {"kind": "systemd", "unit": host.server["unit"], "become": become_prefix(host)}
     return {"kind": "file", "path": managed_paths(host).pid_file}
 
 
 def _log_source(host: Host) -> dict[str, Any]:
     if server_kind(host) == "systemd":
-        return {"kind": "journal", "unit": host.server["unit"], "since": "-15min"}
+        return {"kind": "journal", "unit": host.server["unit"], "since": "-15min", "become": become_prefix(host)}
     return {"kind": "file", "path": managed_paths(host).log}
+
+
+def guard_spec(host: Host) -> dict[str, Any] | None:
+    """What the host's guardian needs to put the server back on the last good release by itself and see it come
+    up (release.Lease): the server spec plus the start-up check. None for a host whose server we do not drive."""
+    if server_kind(host) == "none":
+        return None
+    cfg = host.probe
+    return {**server_spec(host), "pid_source": _pid_source(host), "log_source": _log_source(host),
+            "health_url": base_url(host) + str(cfg.get("health_path", "/health")),
+            "startup_timeout": float(cfg.get("startup_timeout", 600.0)), "stall": float(cfg.get("startup_stall_timeout", 300.0))}
+
+
+def _first_state(info: dict[str, Any]) -> dict[str, Any]:
+    states = info.get("internal_states")
+    return states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+
+
+def ddtree_summary(info: dict[str, Any] | None, after: dict[str, Any] | None, replies: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What the user sees of DDTree on a running server: algorithm, budget (or schedule), acceptance length and
+    tok/s, from SGLang's /get_server_info (server arguments at the top, counters in ``internal_states``) before and
+    after the probe's prompts, and from the probe's own replies."""
+    info = info or {}
+    after = after or {}
+    state = _first_state(after) or _first_state(info)
+
+    def pick(*keys: str) -> Any:
+        for src in (state, after, info):
+            for k in keys:
+                if src.get(k) is not None:
+                    return src[k]
+        return None
+
+    out: dict[str, Any] = {
+        "algorithm": pick("speculative_algorithm"),
+        "budget": pick("speculative_ddtree_budget"),
+        "schedule": pick("speculative_ddtree_budget_schedule", "speculative_ddtree_schedule"),
+        "draft_tokens": pick("speculative_num_draft_tokens", "speculative_block_size"),
+        "server_accept_length": pick("avg_spec_accept_length"),
+        "server_tok_s": pick("last_gen_throughput"),
+    }
+    replies = replies or []
+    accept = [r["spec_accept_length"] for r in replies if isinstance(r.get("spec_accept_length"), (int, float))]
+    out["accept_length"] = round(sum(accept) / len(accept), 3) if accept else None
+    tokens = sum(len(r.get("output_ids") or []) or int(r.get("completion_tokens") or 0) for r in replies)
+    secs = sum(float(r.get("seconds") or 0.0) for r in replies)
+    out["tok_s"] = round(tokens / secs, 1) if tokens and secs > 0 else None
+    for key in ("server_accept_length", "server_tok_s"):
+        if isinstance(out[key], float):
+            out[key] = round(out[key], 3 if key == "server_accept_length" else 1)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def describe_ddtree(summary: dict[str, Any]) -> str:
+    """One line for people: "DDTree budget 16 · accept length 3.01 (server 3.02) · 412 tok/s (server 398)"."""
+    if not summary:
+        return ""
+    algo = summary.get("algorithm")
+    if not algo:
+        return "speculative decoding off (no DDTree flags on this server)"
+    parts = [f"{algo}" + (f" budget {summary['budget']}" if summary.get("budget") is not None else "")]
+    if summary.get("schedule"):
+        parts[0] += f" (schedule {summary['schedule']})"
+    if summary.get("accept_length") is not None or summary.get("server_accept_length") is not None:
+        a = summary.get("accept_length")
+        server = summary.get("server_accept_length")
+        parts.append(f"accept length {a if a is not None else '?'}" + (f" (server avg {server})" if server is not None else ""))
+    if summary.get("tok_s") is not None or summary.get("server_tok_s") is not None:
+        t = summary.get("tok_s")
+        server = summary.get("server_tok_s")
+        parts.append(f"{t if t is not None else '?'} tok/s" + (f" (server {server})" if server is not None else ""))
+    return " · ".join(parts)
 
 
 class Prober:
     """Runs the stages against one host over an open connection."""
 
     def __init__(self, conn: HostConnection, *, facts: dict[str, Any] | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, fence: str | None = None) -> None:
         self.conn = conn
+        self.fence = fence  # the run holding the host lock, for the server restarts of record_baseline
         self.host = conn.host
         self.facts = facts
         self.progress = progress or (lambda msg: None)
@@ -100,9 +181,17 @@ class Prober:
         self._gpu_info: dict[str, Any] | None = None
         self._prefetch = False  # set by run(): the start-up call also runs the generation stage on the host
         self._generation: dict[str, Any] | None = None
+        self._info: dict[str, Any] | None = None
+        self._info_after: dict[str, Any] | None = None
+        self._replies: list[dict[str, Any]] | None = None
 
     def _call(self, op: str, timeout: float, **args: Any) -> Any:
-        return self.conn.call("probe", op, timeout=timeout + 30, **args)
+        try:
+            return self.conn.call("probe", op, timeout=timeout + 30, **args)
+        except (RemoteError, TransportError) as exc:
+            if is_cut(exc):  # the connection died under the call: not a verdict
+                raise ConnectionCut(self.host.name, f"connection lost during the probe's {op}") from exc
+            raise
 
     # -- stage 1 -----------------------------------------------------------------------------------------------------
     def overlay(self, release: str | None) -> Stage:
@@ -113,6 +202,8 @@ class Prober:
                              runtime_subdir=RUNTIME_SUBDIR, expect=expected_sglang_dir(self.host, release),
                              load=release is not None, budget=budget)
         except DeployError as exc:
+            if isinstance(exc, ConnectionCut):
+                raise
             return Stage("overlay", "fail", time.monotonic() - t0, str(exc))
         want = expected_sglang_dir(self.host, release)
         got_dir = got.get("sglang_real")
@@ -150,6 +241,8 @@ class Prober:
             try:
                 got = self.conn.call("probe", "gpu", timeout=60)
             except DeployError as exc:
+                if isinstance(exc, ConnectionCut):
+                    raise
                 return False, f"cannot query nvidia-smi: {exc}"
         return bool(got.get("present")), got.get("why", ", ".join(got.get("gpus", [])))
 
@@ -165,6 +258,8 @@ class Prober:
             got = self._call("selftest", budget, root=self.host.release_root, env=self.host.server.get("env") or {},
                              runtime_subdir=RUNTIME_SUBDIR, budget=budget)
         except DeployError as exc:
+            if isinstance(exc, ConnectionCut):
+                raise
             return Stage("selftest", "fail", time.monotonic() - t0, str(exc))
         result = got.get("selftest") or {}
         seconds = time.monotonic() - t0
@@ -187,20 +282,41 @@ class Prober:
             gen_budget = float(self.cfg.get("generation_timeout", 120.0))
             then = {"base_url": base_url(self.host), "prompts": prompts, "max_new_tokens": int(self.cfg.get("max_new_tokens", 32)),
                     "budget": gen_budget, "baseline_path": baseline_path(self.host)} if prompts and self._prefetch else None
+            stall = float(self.cfg.get("startup_stall_timeout", 300.0))
             got = self._call("wait_ready", budget + (gen_budget if then else 0.0), pid_source=_pid_source(self.host),
-                             log_source=_log_source(self.host), url=url, budget=budget, poll=0.1, then_generate=then)
+                             log_source=_log_source(self.host), url=url, budget=budget, poll=0.1, then_generate=then,
+                             stall=stall if stall < budget else 0.0)
             self._generation = got.get("generation")
+            self._info = (got.get("server_info") or {}).get("info")
+            self._info_after = (got.get("server_info_after") or {}).get("info")
             if self._generation:  # its time belongs to the generation stage
                 t0 += float(self._generation.get("seconds") or 0.0)
         except DeployError as exc:
+            if isinstance(exc, ConnectionCut):
+                raise
             return Stage("startup", "fail", time.monotonic() - t0, str(exc))
         seconds = time.monotonic() - t0
         state = got["state"]
         data = {k: got.get(k) for k in ("state", "seconds", "pid", "health_status", "health_polls")}
         tail = got.get("log_tail", "")
+        if state == "foreign":
+            holder = got.get("listener") or {}
+            who = f"pid {holder['pid']} ({holder.get('cmdline')})" if holder.get("pid") else "a process we cannot see"
+            return Stage("startup", "fail", seconds,
+                         f"no server started by ddtree-deploy runs on this host, but {url} answers "
+                         f"(HTTP {got.get('health_status') or 'no reply'}) from {who} on port {self.host.server.get('port')}: "
+                         "a server the tool did not start; stop it, or `ddtree-deploy server restart` after stopping it",
+                         dict(data, listener=holder), tail)
         if state == "dead":
-            return Stage("startup", "fail", seconds, f"the server process (pid {got.get('pid')}) is not running "
-                         f"(seen {got['seconds']:.2f} s into start-up)", data, tail)
+            pid = got.get("pid")
+            what = f"the server process (pid {pid}) is not running" if pid else \
+                f"the server is not running (no live pid file under {posixpath.dirname(managed_paths(self.host).pid_file)})"
+            return Stage("startup", "fail", seconds, f"{what} (seen {got['seconds']:.2f} s into start-up)", data, tail)
+        if state == "stalled":
+            return Stage("startup", "fail", seconds, f"start-up made no progress: the server log was silent and /health "
+                         f"failing for {got.get('silent_for', 0):.0f} s (probe.startup_stall_timeout "
+                         f"{self.cfg.get('startup_stall_timeout', 300.0):g} s; last: "
+                         f"{got.get('health_status') or got.get('health_error')})", data, tail)
         if state == "traceback":
             return Stage("startup", "fail", seconds, f"a traceback appeared in the server log after {got['seconds']:.2f} s", data, tail)
         if state == "timeout":
@@ -247,8 +363,11 @@ class Prober:
                                  max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget,
                                  baseline_path=baseline_path(self.host))
             except DeployError as exc:
+                if isinstance(exc, ConnectionCut):
+                    raise
                 return Stage("generation", "fail", time.monotonic() - t0, str(exc))
         baseline, replies = got["baseline"], got["replies"]
+        self._replies = replies
         if baseline is None:
             return Stage("generation", "skip", time.monotonic() - t0,
                          f"no baseline recorded at {baseline_path(self.host)} (run `ddtree-deploy probe {self.host.name} --record-baseline`)")
@@ -297,11 +416,15 @@ class Prober:
             if stage.status == "fail" and not stage.log_tail and name in ("startup", "generation"):
                 stage.log_tail = self._log_tail()
         self._prefetch, self._generation = False, None
-        return ProbeResult(self.host.name, release, stages, label)
+        result = ProbeResult(self.host.name, release, stages, label)
+        if self._info is not None:
+            result.ddtree = ddtree_summary(self._info, self._info_after, self._replies)
+        self._info = self._info_after = self._replies = None
+        return result
 
     def _log_tail(self, lines: int = 40) -> str:
         try:
-            return ServerControl(self.conn).logs(lines)["text"]
+            return ServerControl(self.conn, self.fence).logs(lines)["text"]
         except DeployError:
             return ""
 
@@ -311,7 +434,7 @@ class Prober:
         prompts = list(self.cfg.get("prompts") or [])
         if not prompts:
             raise OperationFailed(f"{self.host.source}: probe.prompts is empty; nothing to record")
-        ctl = ServerControl(self.conn)
+        ctl = ServerControl(self.conn, self.fence)
         state = self.conn.call("release", "show", root=self.host.release_root)
         active = state["state"]["active"]
         ctl.restart(release=active, ddtree=ddtree)

@@ -18,18 +18,19 @@ import posixpath
 import shlex
 import socket
 import tarfile
+import threading
 import time
 import uuid
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import DeployError, OperationFailed
+from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, TransportError, is_cut
 from .inventory import Host
 from .overlay import Overlay
 from .remote import RESULT_MARKER, program_for
-from .transport import HostConnection
+from .transport import HostConnection, RemoteSession
 
 _CHUNK = 1 << 16
 #: The build request travels inside the overlay's tar stream (argv is too small for large overlays' metadata).
@@ -42,6 +43,15 @@ class LockHeld(OperationFailed):
 
 class PushFailed(OperationFailed):
     """The release could not be built on the host; nothing was switched."""
+
+
+class BaseDrift(PushFailed):
+    """The installed package changed since the snapshot the overlay was built from; nothing was switched."""
+
+
+#: How long the host waits for a heartbeat before it gives a run up and rolls it back on its own.
+LEASE_TIMEOUT = float(os.environ.get("DDTREE_LEASE_TIMEOUT", "30"))
+HEARTBEAT = 2.0
 
 
 def new_run_id() -> str:
@@ -92,6 +102,8 @@ def describe_holder(holder: dict[str, Any], host_rebooted: bool) -> tuple[str, s
         return "an unreadable lock file", "the lock file cannot be parsed"
     if host_rebooted:
         return who, "the host has rebooted since the lock was taken"
+    if holder.get("holder_pid"):
+        return who, None  # the host checked its holder process: it lives, so the run may still act
     same_machine = holder.get("control_host") == socket.gethostname() and holder.get("control_boot_id") == _boot_id()
     pid = holder.get("control_pid")
     if same_machine and isinstance(pid, int) and not _pid_alive(pid):
@@ -99,6 +111,13 @@ def describe_holder(holder: dict[str, Any], host_rebooted: bool) -> tuple[str, s
     if holder.get("control_host") == socket.gethostname() and holder.get("control_boot_id") != _boot_id():
         return who, f"{holder.get('control_host')} has rebooted since the lock was taken"
     return who, None
+
+
+def _tool_gone_here(holder: dict[str, Any]) -> bool:
+    """The lock's run was started on this machine (this boot) and its process no longer runs."""
+    pid = holder.get("control_pid")
+    return (bool(holder.get("holder_pid")) and holder.get("control_host") == socket.gethostname()
+            and holder.get("control_boot_id") == _boot_id() and isinstance(pid, int) and not _pid_alive(pid))
 
 
 def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK, extra: dict[str, bytes] | None = None) -> Iterator[bytes]:
@@ -133,6 +152,85 @@ class PushResult:
     files: int
     bytes_sent: int
     switched: dict[str, Any] | None = None
+    base_drift: list[str] = field(default_factory=list)
+
+
+class Lease:
+    """The host lock of one run, held by a guardian process on the host (remote ``release.hold``) on a channel of
+    the run's own SSH connection, with a heartbeat from here every few seconds.
+
+    When the control side goes away while it is held (Ctrl-C, kill -9, a cut connection, a suspended laptop), the
+    guardian sees it (end of input, its sshd gone, or no heartbeat for LEASE_TIMEOUT s) and settles the run on the
+    host itself: a release switched in but not yet probed is switched out again, the server restarted on the last
+    good release, and only then is the lock released. So the lock never outlives its run silently, and nothing
+    unprobed stays active behind it.
+    """
+
+    def __init__(self, conn: HostConnection, owner: dict[str, Any], guard: dict[str, Any] | None) -> None:
+        self.conn, self.owner, self.guard = conn, owner, guard
+        self.session: RemoteSession | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def open(self, root: str, break_lock: bool) -> dict[str, Any]:
+        self.session = self.conn.session("release", "hold", root=root, owner=self.owner, break_lock=break_lock,
+                                         guard=self.guard, lease_timeout=LEASE_TIMEOUT)
+        got = self.session.reply(timeout=max(60.0, self.conn.host.connect_timeout * 6))
+        if not got.get("acquired"):
+            self.session.close()
+            self.session = None
+            return got
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="ddtree-lease")
+        self._thread.start()
+        _OPEN_LEASES.add(self)
+        return got
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            if self.session is None or not self.session.send("hb"):
+                return
+
+    def _end(self, line: str, timeout: float) -> dict[str, Any] | None:
+        self._stop.set()
+        _OPEN_LEASES.discard(self)
+        session, self.session = self.session, None
+        if session is None:
+            return None
+        try:
+            if not session.send(line):
+                return None
+            return session.reply(timeout=timeout)
+        except (DeployError, KeyboardInterrupt):  # a second Ctrl-C: the host goes on settling without us
+            return None
+        finally:
+            session.close()
+
+    def release(self) -> dict[str, Any] | None:
+        """End of the run: the guardian releases the lock (or, if a switch is still pending, settles it first)."""
+        return self._end("release", timeout=self.settle_budget())
+
+    def abandon(self, why: str) -> dict[str, Any] | None:
+        """Give the run up: the guardian settles it on the host; returns what it did (None if we lost it)."""
+        return self._end("abandon " + why.replace("\n", " ")[:300], timeout=self.settle_budget())
+
+    def settle_budget(self) -> float:
+        g = self.guard or {}
+        return 60.0 + float(g.get("stop_timeout", 20.0)) + float(g.get("startup_timeout", 0.0))
+
+
+_OPEN_LEASES: set[Lease] = set()
+
+
+def abandon_all(why: str) -> int:
+    """Hand every run this process holds to its host (Ctrl-C during a fleet apply: each host settles its own run).
+    Returns how many runs were handed over."""
+    leases = list(_OPEN_LEASES)
+    threads = [threading.Thread(target=lease.abandon, args=(why,), daemon=True) for lease in leases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return len(leases)
 
 
 class ReleaseManager:
@@ -143,18 +241,49 @@ class ReleaseManager:
         self.host: Host = conn.host
         self.root = self.host.release_root
         self.run_id = run_id or new_run_id()
-        self._holding = False  # inside locked(): finish() may release the lock in its round trip
+        self.lease: Lease | None = None
+        self.stage = "start"  # what the run is doing, for messages about interruptions
+
+    @property
+    def fence(self) -> str | None:
+        """Sent with every step that changes the host while we hold the lock: the host refuses it once we do not."""
+        return self.run_id if self.lease is not None else None
 
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
-        return self.conn.call("release", op, timeout=timeout, **args)
+        try:
+            return self.conn.call("release", op, timeout=timeout, **args)
+        except RemoteError as exc:
+            if exc.kind == "fenced":
+                raise Fenced(f"host {self.host.name}: {exc.message.split(': ', 2)[-1]}",
+                             hint=f"see `ddtree-deploy releases {self.host.name}` for what the host did") from exc
+            raise
 
     # -- lock ------------------------------------------------------------------------------------------------------
-    def acquire(self, command: str, *, break_lock: bool = False) -> dict[str, Any]:
-        """Take the host lock or raise LockHeld naming the owner (and saying whether that owner is gone)."""
-        res = self._call("lock", root=self.root, owner=owner_record(self.run_id, command), break_lock=break_lock)
-        if res["acquired"]:
-            return res
-        who, stale = describe_holder(res["holder"], res.get("host_rebooted", False))
+    def acquire(self, command: str, *, break_lock: bool = False, guard: dict[str, Any] | None = None,
+                wait: float = 0.0) -> dict[str, Any]:
+        """Take the host lock (held by a guardian on the host: see Lease) or raise LockHeld naming the owner and
+        saying whether that owner is gone. A lock the host is still settling after its run vanished is waited for
+        up to ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            lease = Lease(self.conn, owner_record(self.run_id, command), guard)
+            res = lease.open(self.root, break_lock)
+            if res.get("acquired"):
+                self.lease = lease
+                return res
+            holder = res.get("holder") or {}
+            # the host is settling a vanished run, or is about to (the run's tool ran here and is gone: its guardian
+            # gives it up at the end of its input or its next missed heartbeat)
+            busy = res.get("settling") or res.get("lock_state") == "busy" or _tool_gone_here(holder)
+            if busy and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            break
+        who, stale = describe_holder(holder, res.get("host_rebooted", False))
+        if res.get("settling"):
+            why = (holder.get("abandoned") or {}).get("reason")
+            raise LockHeld(f"host {self.host.name}: run {holder.get('run_id')} is being rolled back on the host ({why}); "
+                           "try again in a moment", hint=f"`ddtree-deploy releases {self.host.name}` shows the journal")
         if stale:
             raise LockHeld(
                 f"host {self.host.name}: deploy lock {self.root}/lock is held by {who}, but that run is gone: {stale}",
@@ -165,36 +294,92 @@ class ReleaseManager:
             hint="wait for it to finish, or if you are sure it is dead, rerun with --break-lock",
         )
 
-    def release_lock(self) -> None:
-        self._call("unlock", root=self.root, run_id=self.run_id)
+    def release_lock(self) -> dict[str, Any] | None:
+        lease, self.lease = self.lease, None
+        return lease.release() if lease is not None else None
+
+    def abandon(self, why: str) -> dict[str, Any] | None:
+        """Hand the run to the host's guardian (an interruption): it rolls back what is pending and unlocks."""
+        lease, self.lease = self.lease, None
+        return lease.abandon(why) if lease is not None else None
 
     @contextmanager
-    def locked(self, command: str, *, break_lock: bool = False) -> Iterator[dict[str, Any]]:
-        """Hold the host lock for the block; released at the end (by ``finish`` when the block calls it)."""
-        info = self.acquire(command, break_lock=break_lock)
-        self._holding = True
+    def locked(self, command: str, *, break_lock: bool = False, guard: dict[str, Any] | None = None,
+               wait: float = 0.0) -> Iterator[dict[str, Any]]:
+        """Hold the host lock for the block. Leaving the block normally releases it; an interruption (Ctrl-C,
+        SIGTERM) or any unexpected error hands the run to the host, which settles it (see Lease) before the
+        exception goes on; a cut connection is left to the host in the same way."""
+        info = self.acquire(command, break_lock=break_lock, guard=guard, wait=wait)
         try:
             yield info
-        finally:
-            if self._holding:
-                try:
+        except BaseException as exc:
+            if self.lease is not None:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    what = self.abandon(f"interrupted during {self.stage} ({type(exc).__name__})")
+                    raise Interrupted(self._settled_message("interrupted", what)) from exc
+                if is_cut(exc):
+                    raise ConnectionCut(self.host.name, self._after_cut(exc)) from exc
+                if not isinstance(exc, DeployError):
+                    self.abandon(f"{type(exc).__name__} during {self.stage}: {exc}")
+                else:
                     self.release_lock()
-                except DeployError:
-                    pass  # connection lost: the lock stays and will be reported as stale, never silently broken
-            self._holding = False
+            raise
+        else:
+            self.release_lock()
+
+    def _settled_message(self, what: str, outcome: dict[str, Any] | None) -> str:
+        head = f"host {self.host.name}: {what} during {self.stage}"
+        if outcome is None:
+            return (f"{head}; the host settles the run on its own (its guardian rolls back anything unprobed); "
+                    f"`ddtree-deploy releases {self.host.name}` shows what it did")
+        return f"{head}; {describe_settlement(outcome)}"
+
+    def _after_cut(self, exc: DeployError) -> str:
+        """Reconnect after a cut, wait for the host's guardian to settle this run, and say what it did."""
+        if isinstance(exc, Fenced):
+            head = f"the host gave this run up during {self.stage} (it lost the run's connection)"
+        else:
+            head = f"the SSH connection was cut during {self.stage}"
+        self.lease = None
+        deadline = time.monotonic() + 30.0 + float(self.host.server.get("stop_timeout", 20.0)) \
+            + float(self.host.probe.get("startup_timeout", 600.0))
+        while time.monotonic() < deadline:
+            try:
+                info = self._call("show", root=self.root, journal_lines=40, timeout=30)
+            except DeployError:
+                time.sleep(1.0)
+                continue
+            if (info.get("lock") or {}).get("run_id") != self.run_id:
+                done = [e for e in info["journal"] if e.get("run") == self.run_id and e.get("event") == "reconciled"]
+                if done:
+                    return f"{head}; {describe_settlement(done[-1])}"
+                st = info["state"]
+                rel = next((r for r in st["releases"] if r["id"] == st["active"]), {})
+                if rel.get("run") == self.run_id and rel.get("status") == "good":
+                    return (f"{head}; release {st['active']} had passed its probe and its verdict was recorded before "
+                            "the cut: it is active and good")
+                return f"{head}; nothing was left pending: the host is on {st['active'] or 'the installed package'}"
+            time.sleep(0.5)
+        return (f"{head}; the host's guardian settles the run on its own when it notices; "
+                f"`ddtree-deploy releases {self.host.name}` shows what it did")
 
     # -- push ------------------------------------------------------------------------------------------------------
     def push(self, overlay: Overlay, *, extra_meta: dict[str, Any] | None = None, switch: bool = False,
              stream_filter: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None,
-             release_id: str | None = None) -> PushResult:
+             release_id: str | None = None, base_hashes: dict[str, str] | None = None,
+             allow_base_drift: bool = False) -> PushResult:
         """Send the overlay in one tar stream into a staging dir and build ``releases/<id>`` from it, in ONE SSH
         round trip: ``tar -x`` on the host, then (only if it succeeded) the remote ``build`` op, whose request
-        travels inside the same tar. With ``switch`` the build also switches ``current`` to the new release, still
-        in that one remote call; otherwise nothing is switched.
+        travels inside the same tar. The build never switches: it commits the release only while this run still
+        holds the lock and its connection is alive. With ``switch`` a second round trip switches to it, as a
+        probing switch when the lock is held (so the host undoes it if the run stops before its verdict).
 
-        ``stream_filter`` wraps the tar chunks on their way out (progress, or a test cutting the link midway).
+        ``base_hashes``: sha256 of the installed files the overlay replaces, from the snapshot it was built from;
+        the host refuses to build when they changed (unless ``allow_base_drift``). ``stream_filter`` wraps the tar
+        chunks on their way out (progress, or a test cutting the link midway).
         """
         start = time.monotonic()
+        self.stage = "push"
         rid = release_id or release_id_for(overlay)
         staging = posixpath.join(self.root, "staging", self.run_id)
         meta = {
@@ -207,12 +392,14 @@ class ReleaseManager:
             "overlay": overlay.manifest(),
             "notes": list(overlay.notes),
             "pushed_by": f"{getpass.getuser()}@{socket.gethostname()}",
+            "allow_base_drift": allow_base_drift,
             **(extra_meta or {}),
         }
         files = [{"path": f.path, "sha256": f.sha256, "mode": f.mode, "action": f.action} for f in overlay.files]
         request = json.dumps({"op": "build", "args": {
             "root": self.root, "site_packages": self.host.site_packages, "package": overlay.package, "release_id": rid,
-            "staging": staging, "files": files, "meta": meta, "keep": self.host.keep_releases, "and_switch": switch,
+            "staging": staging, "files": files, "meta": meta, "keep": self.host.keep_releases,
+            "base_hashes": base_hashes, "allow_base_drift": allow_base_drift, "fence": self.fence,
         }}).encode()
         sent = [0]
 
@@ -236,8 +423,10 @@ class ReleaseManager:
         result = self.conn.run(cmd, stdin=counted(chunks), timeout=self.host.command_timeout, check=False)
         text = result.text()
         if RESULT_MARKER not in text:
-            self._discard(staging)
             err = (result.stderr.decode(errors="replace") or text).strip()[-1500:]
+            if result.exit_code == -1:  # the channel closed with no exit status: the connection was cut
+                raise TransportError(self.host.name, f"connection lost while pushing the overlay ({sent[0]} bytes sent)")
+            self._discard(staging)
             if "No space left" in err:
                 raise PushFailed(f"host {self.host.name}: no space left on the release root {self.root} while "
                                  "receiving the overlay; nothing was switched")
@@ -245,9 +434,21 @@ class ReleaseManager:
                              f"(exit {result.exit_code}: {err}); nothing was switched")
         reply = json.loads(text.rsplit(RESULT_MARKER, 1)[1].strip().splitlines()[0])
         if not reply.get("ok"):
+            if reply.get("kind") == "fenced":
+                raise Fenced(f"host {self.host.name}: {reply.get('error')}")
+            if reply.get("kind") == "drift":
+                raise BaseDrift(f"host {self.host.name}: refusing to build release {rid}: {reply.get('error')}\n"
+                                "  nothing was switched",
+                                hint="take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch "
+                                     "set is applied to what is installed now; --allow-base-drift pushes the old files "
+                                     "anyway (the host's changes to them are then not in the release)")
             raise PushFailed(f"host {self.host.name}: building release {rid} failed: {reply.get('error')}")
         res = reply["result"]
-        return PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], sent[0], res.get("switch"))
+        pushed = PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], sent[0],
+                            base_drift=list(res.get("base_drift") or []))
+        if switch:
+            pushed.switched = self.switch(rid, probing=self.lease is not None)
+        return pushed
 
     def _discard(self, staging: str) -> None:
         try:
@@ -257,24 +458,39 @@ class ReleaseManager:
 
     # -- switch, state -----------------------------------------------------------------------------------------------
     def switch(self, release_id: str | None, *, reason: str = "deploy", mark_bad: str | None = None,
-               note: str = "") -> dict[str, Any]:
+               note: str = "", probing: bool = False) -> dict[str, Any]:
         """Point ``current`` at ``release_id`` (None: the installed package) in one atomic rename; optionally mark
-        the release being left bad in the same round trip."""
+        the release being left bad in the same round trip. ``probing``: the release has not passed its probe: the
+        host records the release to go back to before it switches (see remote/release.py)."""
+        self.stage = "switch"
         return self._call("switch", root=self.root, release_id=release_id, run_id=self.run_id, reason=reason,
-                          mark_bad=mark_bad, note=note)
+                          mark_bad=mark_bad, note=note, fence=self.fence, probing=probing)
+
+    def roll_back(self, target: str | None, *, failed: str | None, note: str, spec: dict[str, Any] | None,
+                  timeout: float | None = None) -> dict[str, Any]:
+        """Back to ``target``, marking ``failed`` bad, restarting the server there when ``spec`` is given: one round
+        trip, the same steps the host's guardian takes after an interruption."""
+        self.stage = "rollback"
+        return self._call("roll_back", timeout=timeout, root=self.root, target=target, failed=failed, run_id=self.run_id,
+                          note=note, spec=spec, fence=self.fence)
+
+    def reconcile(self, why: str, guard: dict[str, Any] | None, timeout: float | None = None) -> dict[str, Any]:
+        """Settle a pending switch that a vanished run left behind (the host could not: a reboot, a killed guardian)."""
+        self.stage = "reconcile"
+        return self._call("reconcile", timeout=timeout, root=self.root, run_id=self.run_id, why=why, guard=guard,
+                          fence=self.fence)
 
     def finish(self, release_id: str | None, status: str | None, event: str, note: str = "", **fields: Any) -> list[str]:
-        """Verdict on ``release_id``, cleanup (keep_releases), a journal line and, inside ``locked()``, the unlock:
-        one round trip at the end of a run."""
+        """Verdict on ``release_id``, the pending switch cleared, cleanup (keep_releases) and a journal line: one
+        round trip at the end of a run (the lock is released when the ``locked()`` block ends)."""
         fields = {"by": f"{getpass.getuser()}@{socket.gethostname()}", **fields}
         res = self._call("finish", root=self.root, release_id=release_id, status=status, keep=self.host.keep_releases,
-                         run_id=self.run_id, event=event, fields=fields, note=note, release_lock=self._holding)
-        if self._holding and res.get("unlocked", {}).get("released"):
-            self._holding = False
+                         run_id=self.run_id, event=event, fields=fields, note=note, fence=self.fence)
         return res["removed"]
 
     def mark(self, release_id: str, status: str, note: str = "") -> dict[str, Any]:
-        return self._call("mark", root=self.root, release_id=release_id, status=status, run_id=self.run_id, note=note)
+        return self._call("mark", root=self.root, release_id=release_id, status=status, run_id=self.run_id, note=note,
+                          fence=self.fence)
 
     def journal(self, event: str, **fields: Any) -> None:
         self._call("journal", root=self.root, event=event, fields={"run": self.run_id, **fields})
@@ -286,13 +502,36 @@ class ReleaseManager:
         return self._call("read_release", root=self.root, release_id=release_id)
 
     def cleanup(self) -> list[str]:
-        return self._call("cleanup", root=self.root, keep=self.host.keep_releases, run_id=self.run_id)["removed"]
+        return self._call("cleanup", root=self.root, keep=self.host.keep_releases, run_id=self.run_id,
+                          fence=self.fence)["removed"]
 
     def installed_manifest(self, package: str = "sglang") -> dict[str, Any]:
         return self._call("package_manifest", site_packages=self.host.site_packages, package=package)
 
     def release_path(self, release_id: str | None) -> str:
         return posixpath.join(self.root, "releases", release_id) if release_id else posixpath.join(self.root, "base")
+
+
+def describe_settlement(outcome: dict[str, Any]) -> str:
+    """What the host did to settle a run that stopped early (the guardian's or a later command's reconcile)."""
+    action = outcome.get("action") or outcome.get("outcome")
+    to = outcome.get("to")
+    where = f"release {to}" if to else "the installed package (no overlay)"
+    health = outcome.get("health")
+    state = health.get("state") if isinstance(health, dict) else health
+    restarted = outcome.get("restarted")
+    server = ""
+    if restarted or state:
+        server = f"; server restarted there: {'/health 200' if state == 'ready' else 'START-UP ' + str(state).upper()}"
+    if action == "rolled-back":
+        left = outcome.get("release")
+        what = f"release {left}" if left else "the installed package"
+        return f"the host rolled back: {what} was switched in but had no verdict from its probe; back on {where}{server}"
+    if action == "server-restored":
+        return f"the host restarted the server on {where} as configured{server}"
+    if action == "failed":
+        return f"the host could not settle the run: {outcome.get('detail')} — the host needs attention"
+    return f"nothing was pending on the host (it is on {where}); it released the lock"
 
 
 def rollback_target(state: dict[str, Any], failed: str | None) -> str | None:

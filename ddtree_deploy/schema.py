@@ -144,5 +144,13 @@ def positive(value: float) -> str | None:
     return None if value > 0 else "expected a positive number"
 
 
+def non_negative(value: float) -> str | None:
+    return None if value >= 0 else "expected 0 or a positive number"
+
+
+def become_command(value: str) -> str | None:
+    return None if value in ("", "sudo", "doas") or value.startswith("/") else "expected sudo, doas or an absolute command"
+
+
 def absolute_path(value: str) -> str | None:
     return None if value.startswith("/") else "expected an absolute path on the host"

@@ -20,15 +20,23 @@ Why it is built this way:
   are only looked up in the list we asked for, never used as paths.
 - The entry directory is written under a temporary name and renamed last, so an interrupted snapshot leaves no
   entry, and the blobs that did arrive are complete and verified (harmless, and reused by the next attempt).
-- Hashing on the host is cached in ``<release_root>/.manifest-cache.json`` keyed by (path, size, mtime_ns, inode),
+- Hashing on the host is cached in ``<release_root>/.manifest-cache.json`` keyed by (path, size, mtime_ns, inode,
+  ctime_ns: an in-place edit that keeps the size and restores the mtime still changes ctime),
   and torch's facts in ``.facts-cache.json`` keyed by the identity of torch's files, so re-snapshotting an unchanged
   host is one host process (manifest and facts together) and stat() calls: about 0.5 s for 0.5.23's 5,800 files
   (bench/results/snapshot-sandbox.md). A first snapshot runs the facts (torch import) on a second channel while
   the manifest is hashed and the blobs transferred.
 
+- The store trusts nothing it did not check: a manifest from a host with a path that leaves the package (``..``,
+  absolute, outside the package and its dist-info) is refused before anything is stored; a blob already in the
+  store is re-hashed when its stat changed since it was last verified (``.verified-blobs.json``), and a damaged
+  one is fetched again by the next snapshot; ``repair`` fetches the damaged blobs of a snapshot from its host;
+  ``materialize`` (the patch-set work trees) refuses a blob whose content does not match its hash.
+
 Public API: ``SnapshotStore(root)`` with ``take(host, progress=...)``, ``get(id_or_prefix)``, ``latest(host)``,
-``list(host=None)``, ``verify(id)``, ``blob_path(sha256)``, ``materialize(snapshot, dest, paths=None)`` and
-``diff(a, b)``; ``Snapshot`` with ``id``, ``host``, ``created``, ``facts``, ``manifest`` and ``package_version``.
+``list(host=None)``, ``verify(id)``, ``repair(id, host)``, ``blob_path(sha256)``, ``materialize(snapshot, dest,
+paths=None)`` and ``diff(a, b)``; ``Snapshot`` with ``id``, ``host``, ``created``, ``facts``, ``manifest`` and
+``package_version``.
 """
 
 from __future__ import annotations
@@ -143,6 +151,65 @@ class SnapshotStore:
     def has_blob(self, sha256: str) -> bool:
         return (self.objects / sha256).is_file()
 
+    def read_blob(self, sha256: str, *, path: str, snapshot_id: str) -> bytes:
+        """The bytes of one blob, checked against its name: a missing or damaged blob is refused (bad input: the
+        store), naming the file and the command that mends it. Every reader of base files goes through here."""
+        try:
+            data = (self.objects / sha256).read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"snapshot {snapshot_id}: the blob of {path} is missing from the store {self.objects}",
+                             hint=f"`ddtree-deploy snapshot verify {snapshot_id} --repair` fetches it again") from None
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise InputError(f"snapshot {snapshot_id}: the blob of {path} does not match its manifest hash (store "
+                             "corrupted)", hint=f"`ddtree-deploy snapshot verify {snapshot_id} --repair` fetches it again")
+        return data
+
+    def intact_blobs(self, wanted: dict[str, int], *, refresh: bool = False) -> set[str]:
+        """Which of ``wanted`` (sha256 -> size) the store holds intact. A blob whose stat (size, mtime, ctime, inode)
+        is the one recorded when it was last verified is trusted; any other is re-hashed (``refresh``: all are).
+        A damaged blob is removed, so the caller fetches it again."""
+        cache = {} if refresh else self._verified()
+        good: dict[str, list[int]] = {}
+        for sha, size in wanted.items():
+            blob = self.objects / sha
+            try:
+                st = blob.stat()
+            except OSError:
+                continue
+            key = _blob_key(st)
+            if cache.get(sha) == key or (st.st_size == size and _hash_path(blob) == sha):
+                good[sha] = key
+            else:
+                blob.unlink(missing_ok=True)
+        if any(cache.get(k) != v for k, v in good.items()):
+            self._save_verified({**cache, **good})
+        return set(good)
+
+    def _verified(self) -> dict[str, list[int]]:
+        try:
+            return json.loads((self.root / ".verified-blobs.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_verified(self, cache: dict[str, list[int]]) -> None:
+        path = self.root / ".verified-blobs.json"
+        tmp = path.with_name(f".verified-blobs.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(cache, separators=(",", ":")))
+            tmp.replace(path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a cache we cannot write only costs a re-hash next time
+
+    def _record_verified(self, shas: Iterable[str]) -> None:
+        """Blobs the receiver stored were hashed on arrival: record them, so the next snapshot only stats them."""
+        cache = self._verified()
+        for sha in shas:
+            try:
+                cache[sha] = _blob_key((self.objects / sha).stat())
+            except OSError:
+                continue
+        self._save_verified(cache)
+
     def _sweep(self, host_name: str) -> None:
         """Remove what snapshot processes that no longer run left behind (killed mid-transfer or mid-write):
         temporary blobs ``objects/.incoming/<pid>-*`` and temporary entries ``<host>/.tmp-<id>-<pid>``."""
@@ -206,17 +273,18 @@ class SnapshotStore:
             raise
         stats.manifest_seconds = time.monotonic() - t0
         stats.host_hashed = raw.get("hashed", 0)
+        check_manifest(host.name, package, raw)
         files = {p: {"sha256": v[0], "size": v[1], "mode": v[2]} for p, v in raw["files"].items()}
         stats.files = len(files)
         stats.bytes = sum(v["size"] for v in files.values())
         wanted: dict[str, str] = {}  # path on the host -> sha256, one path per missing blob
-        seen: set[str] = set()
+        first = {}
         for path in sorted(files):
-            sha = files[path]["sha256"]
-            if sha not in seen:
-                seen.add(sha)
-                if not self.has_blob(sha):
-                    wanted[path] = sha
+            first.setdefault(files[path]["sha256"], path)
+        intact = self.intact_blobs({sha: files[path]["size"] for sha, path in first.items()}, refresh=refresh)
+        for sha, path in first.items():
+            if sha not in intact:
+                wanted[path] = sha
         stats.blobs_needed = len(wanted)
         if wanted:
             t1 = time.monotonic()
@@ -331,6 +399,7 @@ class SnapshotStore:
                     pass
         stats.blobs_transferred = result["stored"]
         stats.bytes_transferred = result["bytes"]
+        self._record_verified(wanted[n] for n in result["names"] if n in wanted)
         stats.wire_bytes = pumped
         lost = sorted(set(wanted) - set(result["names"]))
         if lost:
@@ -422,6 +491,33 @@ class SnapshotStore:
                 problems.append(f"{path}: blob {sha[:16]}… content does not match its hash (corrupted)")
         return problems
 
+    def repair(self, id_or_prefix: str | Snapshot, host: Host, progress: Progress | None = None) -> dict[str, Any]:
+        """Fetch the damaged or missing blobs of a snapshot again from its host (each verified against the
+        manifest on arrival: a file that changed on the host since cannot repair the snapshot, and is named)."""
+        snap = id_or_prefix if isinstance(id_or_prefix, Snapshot) else self.get(id_or_prefix)
+        first: dict[str, str] = {}
+        for path, entry in sorted(snap.manifest.items()):
+            first.setdefault(entry["sha256"], path)
+        sizes = {sha: snap.manifest[path]["size"] for sha, path in first.items()}
+        intact = self.intact_blobs(sizes, refresh=True)
+        wanted = {path: sha for sha, path in first.items() if sha not in intact}
+        if not wanted:
+            return {"id": snap.id, "repaired": [], "ok": True}
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.incoming.mkdir(parents=True, exist_ok=True)
+        stats = SnapshotStats()
+        with HostConnection(host) as conn:
+            probe = conn.call("facts", "manifest", site_packages=host.site_packages, package=snap.package,
+                              release_root=host.release_root)
+            try:
+                self._fetch(conn, host, wanted, {p: snap.manifest[p]["size"] for p in wanted},
+                            progress or (lambda stage, done, total: None), stats, host_zstd=bool(probe.get("zstd")))
+            except OperationFailed as exc:
+                raise OperationFailed(f"snapshot {snap.id}: cannot repair it from {host.name}: {exc.message}",
+                                      hint=f"the host's files differ from the snapshot now; take a new one "
+                                           f"(`ddtree-deploy snapshot {host.name}`)") from exc
+        return {"id": snap.id, "repaired": sorted(wanted), "ok": not self.verify(snap)}
+
     def materialize(self, snapshot: Snapshot | str, dest: Path, paths: Iterable[str] | None = None, *,
                     link: bool = False) -> list[str]:
         """Write the snapshot's files (relative to site-packages) into ``dest``; returns the paths written.
@@ -449,8 +545,7 @@ class SnapshotStore:
                 continue
             entry = manifest[rel]
             blob = self.blob_path(entry["sha256"])
-            if not blob.is_file():
-                raise OperationFailed(f"snapshot {snap.id}: blob for {rel} missing; run `ddtree-deploy snapshot verify {snap.id}`")
+            data = self.read_blob(entry["sha256"], path=rel, snapshot_id=snap.id)
             target.unlink(missing_ok=True)
             if link:
                 try:
@@ -458,7 +553,7 @@ class SnapshotStore:
                     continue
                 except OSError:  # another filesystem (EXDEV) or no hard links there: copy instead
                     pass
-            shutil.copyfile(blob, target)
+            target.write_bytes(data)
             os.chmod(target, entry["mode"])
         return selected
 
@@ -706,12 +801,46 @@ def manifest_digest(files: dict[str, dict[str, Any]], links: dict[str, str] | No
     return h.hexdigest()
 
 
+def _blob_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
 def _hash_path(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(_READ):
             h.update(block)
     return h.hexdigest()
+
+
+def check_manifest(host_name: str, package: str, raw: dict[str, Any]) -> None:
+    """Refuse a manifest from a host whose paths leave the package: absolute, with ``..``, a backslash or NUL, or
+    outside ``<package>/`` and its dist-info; and links whose targets leave them. Checked on arrival, before
+    anything is stored (a hostile or broken host must not name files the store or a work tree would write)."""
+    tops = {package}
+    if raw.get("dist_info"):
+        tops.add(str(raw["dist_info"]))
+
+    def bad(path: str) -> str | None:
+        if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "\0" in path:
+            return "not a relative path"
+        parts = path.split("/")
+        if ".." in parts or "." in parts or "" in parts:
+            return "has '..', '.' or an empty part"
+        if parts[0] not in tops:
+            return f"is outside {package}/ and its dist-info"
+        return None
+
+    for path in list(raw.get("files", {})) + list(raw.get("links", {})):
+        why = bad(path)
+        if why:
+            raise OperationFailed(f"host {host_name}: its manifest names {path!r}, which {why}; refusing the snapshot "
+                                  "(nothing was stored)")
+    for path, target in (raw.get("links") or {}).items():
+        joined = os.path.normpath(os.path.join(os.path.dirname(path), str(target)))
+        if str(target).startswith("/") or bad(joined):
+            raise OperationFailed(f"host {host_name}: its manifest has a link {path!r} -> {target!r} that leaves the "
+                                  "package; refusing the snapshot (nothing was stored)")
 
 
 def _check_host_name(name: str) -> None:

@@ -27,7 +27,7 @@ from fabric import Config, Connection
 
 from .errors import HostKeyError, InputError, RemoteError, TransportError
 from .inventory import Host
-from .transport import CHUNK, HostConnection, RunResult, StreamReader, pump_stdin, short
+from .transport import CHUNK, HostConnection, RunResult, SessionChannel, StreamReader, pump_stdin, short
 
 log = logging.getLogger("ddtree_deploy.transport")
 # paramiko's transport thread logs its own exceptions (tracebacks included) at ERROR; we report every failure
@@ -218,6 +218,15 @@ class SSHConnection(HostConnection):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(self.host.name, f"cannot open an SSH channel: {exc}") from exc
 
+    def _session_channel(self, command: str) -> SessionChannel:
+        chan = self._channel()
+        try:
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            chan.close()
+            raise TransportError(self.host.name, f"cannot start {short(command)}: {exc}") from exc
+        return _SSHSessionChannel(chan)
+
     # -- commands ------------------------------------------------------------------------------------------------
     def run(
         self,
@@ -302,3 +311,44 @@ class _DeadlineReader(StreamReader):
             return self.chan.recv(size)
         except socket.timeout as exc:
             raise TransportError(self.host, f"no data from {short(self.command)} within the read timeout") from exc
+
+
+class _SSHSessionChannel(SessionChannel):
+    """A session's SSH channel, its paramiko errors seen as OSError (what a session catches)."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self.chan = chan
+
+    @property
+    def closed(self) -> bool:  # type: ignore[override]
+        return bool(self.chan.closed)
+
+    def _do(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except paramiko.SSHException as exc:
+            raise OSError(str(exc)) from exc
+
+    def recv_ready(self) -> bool:
+        return self._do(self.chan.recv_ready)
+
+    def recv(self, size: int) -> bytes:
+        return self._do(self.chan.recv, size)
+
+    def recv_stderr_ready(self) -> bool:
+        return self._do(self.chan.recv_stderr_ready)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return self._do(self.chan.recv_stderr, size)
+
+    def exit_status_ready(self) -> bool:
+        return self._do(self.chan.exit_status_ready)
+
+    def sendall(self, data: bytes) -> None:
+        self._do(self.chan.sendall, data)
+
+    def close(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:  # noqa: BLE001 - closing a dead channel
+            pass

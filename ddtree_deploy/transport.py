@@ -17,18 +17,21 @@ import json
 import logging
 import shlex
 import threading
+import time
 import zlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable
 
-from .errors import RemoteError
+from .errors import RemoteError, TransportError
 from .inventory import Host
-from .remote import RESULT_MARKER, program_for
+from .remote import RESULT_MARKER, SESSION_BOOT, program_for
 
 log = logging.getLogger("ddtree_deploy.transport")
 #: Bytes read from a command's output at a time.
 CHUNK = 1 << 16
+#: Seconds between polls of a session channel.
+_POLL = 0.002
 
 #: The line run by the host's Python: read the compressed program and its JSON arguments from stdin, run it.
 BOOT = (
@@ -118,6 +121,117 @@ class HostConnection:
         result = self.run(f"{shlex.quote(interpreter)} -c {shlex.quote(BOOT)}", stdin=data, timeout=timeout, check=False)
         log.debug("%s: %s.%s exit %s in %.2f s", self.host.name, module, op, result.exit_code, result.seconds)
         return parse_reply(self.host.name, f"{module}.{op}", result)
+
+    def session(self, module: str, op: str, **args: Any) -> "RemoteSession":
+        """Start ``op`` of ``ddtree_deploy/remote/<module>.py`` as a long-lived process on a channel of its own.
+
+        It answers with reply lines (``RemoteSession.reply``) and reads command lines (``RemoteSession.send``); the
+        end of its input is the channel closing, whether we close it or the connection dies (the host's deploy lock
+        is held this way: see ``release.Lease``).
+        """
+        program = zlib.compress(program_for(module), 6)
+        payload = json.dumps({"op": op, "args": args}).encode()
+        chan = self._session_channel(f"exec {shlex.quote(self.host.python)} -c {shlex.quote(SESSION_BOOT)}")
+        try:
+            chan.sendall(len(program).to_bytes(8, "big") + program + len(payload).to_bytes(8, "big") + payload)
+        except (OSError, EOFError) as exc:
+            chan.close()
+            raise TransportError(self.host.name, f"cannot start remote {module}.{op}: {exc}") from exc
+        return RemoteSession(chan, self.host.name, f"{module}.{op}")
+
+    def _session_channel(self, command: str) -> "SessionChannel":
+        """``command`` started on a channel of its own (its input open) for :meth:`session`."""
+        raise NotImplementedError
+
+
+class SessionChannel:
+    """What a session needs of its channel, whatever carries it (an SSH channel, a local pipe pair): non-blocking
+    reads of stdout and stderr, whether the command ended, a write to its stdin, close. Errors are OSError/EOFError."""
+
+    closed: bool
+
+    def recv_ready(self) -> bool:
+        raise NotImplementedError
+
+    def recv(self, size: int) -> bytes:
+        raise NotImplementedError
+
+    def recv_stderr_ready(self) -> bool:
+        raise NotImplementedError
+
+    def recv_stderr(self, size: int) -> bytes:
+        raise NotImplementedError
+
+    def exit_status_ready(self) -> bool:
+        raise NotImplementedError
+
+    def sendall(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class RemoteSession:
+    """The control side of a session op: reply lines out of it, command lines into it."""
+
+    def __init__(self, chan: SessionChannel, host: str, op: str) -> None:
+        self.chan, self.host, self.op = chan, host, op
+        self._buf = b""
+
+    def _line(self) -> bytes | None:
+        marker = RESULT_MARKER.encode()
+        if marker not in self._buf:
+            return None
+        rest = self._buf.split(marker, 1)[1]
+        if b"\n" not in rest:
+            return None
+        line, self._buf = rest.split(b"\n", 1)
+        return line
+
+    def reply(self, timeout: float) -> Any:
+        """The next reply; RemoteError for a failure it reports, TransportError when it ends without one."""
+        deadline = time.monotonic() + timeout
+        while (line := self._line()) is None:
+            if time.monotonic() > deadline:
+                raise TransportError(self.host, f"remote {self.op} gave no answer within {timeout:g} s")
+            try:
+                if self.chan.recv_ready():
+                    chunk = self.chan.recv(CHUNK)
+                    if not chunk:
+                        raise EOFError("connection closed")
+                    self._buf += chunk
+                    continue
+                if self.chan.closed or self.chan.exit_status_ready():
+                    raise EOFError("connection closed")
+            except (OSError, EOFError) as exc:
+                err = b""
+                try:
+                    while self.chan.recv_stderr_ready():
+                        err += self.chan.recv_stderr(CHUNK)
+                except Exception:
+                    pass
+                tail = err.decode(errors="replace").strip()[-1500:]
+                raise TransportError(self.host, f"remote {self.op} ended without an answer: {tail or exc}") from exc
+            time.sleep(_POLL)
+        reply = json.loads(line)
+        if not reply.get("ok", True):
+            raise RemoteError(self.host, self.op, reply.get("error", "unknown error"), kind=reply.get("kind", "error"))
+        return reply.get("result")
+
+    def send(self, line: str) -> bool:
+        """Send one command line; False when the channel is gone."""
+        try:
+            self.chan.sendall(line.encode() + b"\n")
+            return True
+        except (OSError, EOFError):
+            return False
+
+    def close(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:
+            pass
 
 
 def parse_reply(host: str, what: str, result: RunResult) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from ddtree_deploy.deploy import plan
 from ddtree_deploy.release import ReleaseManager
+from ddtree_deploy.server import ServerControl
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import remove_root, write_host_yaml
 
@@ -44,12 +46,19 @@ def _state(host):
         return mgr.show(), mgr.installed_manifest()
 
 
-def test_dry_run_shows_diff_and_abi_and_touches_nothing(e2e):
+def test_dry_run_shows_a_summary_first_the_diff_on_request_and_touches_nothing(e2e):
     host, env = e2e
     proc = _cli(env, "apply", "--host", host.name, "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "+++ b/sglang/srt/speculative/ddtree/" in proc.stdout or "sglang/srt/speculative/ddtree/" in proc.stdout
+    text = " ".join(proc.stdout.split())
+    assert "would change" in text and "sglang/srt/server_args.py +" in text and " files, +" in text
+    assert "record a generation baseline first" in text and "build a new release with" in text
+    assert "restart `" in text and "probe it; on failure roll back to the installed package" in text
+    assert "(the full diff: --diff)" in text and "@@ " not in proc.stdout  # the summary, not 3,000 lines of diff
     assert "ABI findings" in proc.stdout and "nothing was touched" in proc.stdout
+    full = _cli(env, "apply", "--host", host.name, "--dry-run", "--diff")
+    assert full.returncode == 0 and "+++ b/sglang/srt/server_args.py" in full.stdout and "@@ " in full.stdout
+    assert _cli(env, "apply", "--host", host.name, "--diff").returncode == 2  # --diff goes with --dry-run
     _untouched(host)
 
 
@@ -81,11 +90,117 @@ def test_abi_errors_refuse_with_exit_4_unless_ignored_then_real_engine_passes(e2
     gen = stages["generation"]
     assert gen["status"] == "pass"  # DDTree on matches the DDTree-off greedy baseline token for token
     assert gen["data"]["spec_accept_length"] >= 1.0
+    # what the user sees of DDTree: the budget, accept length and tok/s, from the probe and from the server itself
+    dd = report["probe"]["ddtree"]
+    assert dd["algorithm"] == "DDTREE" and dd["budget"] == 16 and dd["draft_tokens"] == 8
+    assert dd["accept_length"] == gen["data"]["spec_accept_length"] and dd["server_accept_length"] >= 1.0
+    assert dd["tok_s"] > 0 and dd["server_tok_s"] > 0
+    assert report["details"]["ddtree"].startswith("DDTREE budget 16 · accept length ")
     info, after = _state(host)
     assert info["state"]["active"] == report["release"] and after == manifest
     proc = _cli(env, "releases", host.name, "--json")
     rel = json.loads(proc.stdout)
     assert rel["state"]["releases"][-1]["status"] == "good" and rel["state"]["releases"][-1]["patchset"] == p.overlay.patchset
+
+
+def test_reapply_is_unchanged_and_force_redoes_it(e2e):
+    """Issue #16.5: the same overlay active and passing its probe: "unchanged", no new release, no restart."""
+    host, env = e2e
+    info, _ = _state(host)
+    releases = [r["id"] for r in info["state"]["releases"]]
+    with HostConnection(host) as conn:
+        pid = ServerControl(conn).status()["pid"]
+    proc = _cli(env, "apply", "--host", host.name)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = " ".join(proc.stdout.split())
+    assert "unchanged" in text and "already holds this overlay and passes its probe" in text
+    assert "DDTREE budget 16 · accept length" in text  # and what DDTree does there
+    info, _ = _state(host)
+    assert [r["id"] for r in info["state"]["releases"]] == releases
+    with HostConnection(host) as conn:
+        assert ServerControl(conn).status()["pid"] == pid  # not restarted
+    forced = _cli(env, "apply", "--host", host.name, "--force", "--json")
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    doc = json.loads(forced.stdout)
+    assert doc["status"] == "ok" and doc["release"] not in releases
+    with HostConnection(host) as conn:
+        assert ServerControl(conn).status()["pid"] != pid
+
+
+def test_probe_shows_ddtree_budget_accept_length_and_tok_s(e2e):
+    host, env = e2e
+    proc = _cli(env, "probe", host.name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "DDTree: DDTREE budget 16 · accept length" in text and "(server avg" in text and "tok/s (server" in text
+
+
+def test_drift_after_the_snapshot_is_refused_and_allow_base_drift_is_loud(e2e, sandbox):
+    """Issue #17.3: a hotfix to an installed file the overlay replaces, made after the snapshot apply reuses, is
+    not silently dropped: the host's build refuses; --allow-base-drift pushes anyway and says so everywhere."""
+    host, env = e2e
+    site = sandbox.box.load_state().hosts[sandbox.base.name].fs / Path(host.site_packages).relative_to("/srv/ddtree-host")
+    target = site / "sglang" / "srt" / "server_args.py"
+    original, stat_before = target.read_bytes(), target.stat()
+    info, _ = _state(host)
+    active = info["state"]["active"]
+    try:
+        target.write_bytes(original + b"\n# hotfix applied on the host after the snapshot\n")
+        proc = _cli(env, "apply", "--host", host.name, "--force")
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        err = " ".join(proc.stderr.split())
+        assert "the installed sglang changed since snapshot" in err and "sglang/srt/server_args.py: sha256" in err
+        assert "nothing was switched" in err and "--allow-base-drift" in err
+        assert _state(host)[0]["state"]["active"] == active
+        loud = _cli(env, "apply", "--host", host.name, "--force", "--allow-base-drift", "--json")
+        assert loud.returncode == 0, loud.stdout[-2000:] + loud.stderr[-2000:]
+        doc = json.loads(loud.stdout)
+        assert any("server_args.py" in d for d in doc["details"]["base_drift"])
+        assert "WARNING: pushed despite base drift" in loud.stderr
+        with HostConnection(host) as conn:
+            record = ReleaseManager(conn).read_release(doc["release"])
+        assert record["allow_base_drift"] is True and any("server_args.py" in d for d in record["base_drift"])
+        # an upgrade after the snapshot (here: the dist-info says 0.5.23) is named as such
+        meta = next(site.glob("sglang-0.5.11.dist-info")) / "METADATA"
+        text, meta_stat = meta.read_text(), meta.stat()
+        meta.write_text(text.replace("Version: 0.5.11", "Version: 0.5.23", 1))
+        try:
+            up = _cli(env, "apply", "--host", host.name, "--force")
+            assert up.returncode == 1 and "sglang 0.5.23 is installed, the overlay was built for 0.5.11" in " ".join(up.stderr.split())
+        finally:
+            meta.write_text(text)
+            os.utime(meta, ns=(meta_stat.st_atime_ns, meta_stat.st_mtime_ns))
+    finally:
+        target.write_bytes(original)
+        os.utime(target, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+    back = _cli(env, "rollback", host.name, "--to", active)
+    assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
+
+
+def test_fleet_rerun_is_unchanged_everywhere(e2e, sandbox):
+    """Issue #16.5 for a fleet: hosts already on the overlay are left alone; a second run changes nothing anywhere."""
+    from ddtree_deploy.sandbox import _free_port
+
+    host, env = e2e
+    other = dataclasses.replace(sandbox.base, name="apply-second", release_root="/srv/ddtree-host/t-apply-second",
+                                server=dict(sandbox.base.server, port=_free_port(exclude={host.server["port"]})),
+                                probe=dict(host.probe))
+    write_host_yaml(other, Path(env["DDTREE_INVENTORY"]))
+    store = Path(env["DDTREE_SNAPSHOTS"])  # the same machine: start from its snapshot (no second torch import)
+    latest = max((store / host.name).iterdir(), key=lambda p: json.loads((p / "snapshot.json").read_text())["created"])
+    shutil.copytree(latest, store / other.name / latest.name)
+    try:
+        first = _cli(env, "apply", "--host", host.name, "--host", other.name, "--no-baseline", "--json")
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        assert [h["status"] for h in json.loads(first.stdout)["hosts"]] == ["unchanged", "ok"]
+        releases = [r["id"] for r in _state(other)[0]["state"]["releases"]]
+        again = _cli(env, "apply", "--host", host.name, "--host", other.name, "--no-baseline", "--json")
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert [h["status"] for h in json.loads(again.stdout)["hosts"]] == ["unchanged", "unchanged"]
+        assert [r["id"] for r in _state(other)[0]["state"]["releases"]] == releases
+    finally:
+        remove_root(other)
+        (Path(env["DDTREE_INVENTORY"]) / f"{other.name}.yaml").unlink()
 
 
 def test_cli_fleet_recap_and_retry_file(e2e, tmp_path, sandbox):

@@ -237,6 +237,16 @@ def test_cli_dev_and_refresh(tmp_path: Path, work_root: Path) -> None:
     assert "1 patch commit(s) of moved/sglang-0.5.11" in dev.stdout
     again = run("dev", "moved", str(work), "--base", "sglang==0.5.11")
     assert again.returncode == EXIT_USAGE and "not an empty directory" in again.stderr
+    patch = root / "moved" / "sglang-0.5.11" / "0001-device-config-ddtree-flag.patch"
+    before = patch.read_bytes()
+    dry = run("refresh", "moved", str(work), "--dry-run")  # what refresh would write, summary first; nothing written
+    assert dry.returncode == 0, dry.stderr
+    assert "0001-device-config-ddtree-flag.patch" in dry.stdout and "files, +" in dry.stdout
+    assert "dry run: nothing was written" in dry.stdout and "@@" not in dry.stdout
+    full = run("refresh", "moved", str(work), "--dry-run", "--diff")
+    assert "@@" in full.stdout and "+From 0000000000000000000000000000000000000000" in full.stdout
+    assert patch.read_bytes() == before
+    assert run("refresh", "moved", str(work), "--diff").returncode == EXIT_USAGE  # --diff needs --dry-run
     first = run("refresh", "moved", str(work), "--json")  # bare name: the work tree knows its patch set
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["written"] == ["0001-device-config-ddtree-flag.patch"]  # now in format-patch form

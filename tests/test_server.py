@@ -50,7 +50,32 @@ def test_systemd_dropin_sets_pythonpath_and_quotes_environment(tmp_path):
     assert lines[2] == "[Service]"
     assert lines[3:] == ['Environment="PYTHONPATH=/opt/ddtree/current"',
                          'Environment="CUDA_VISIBLE_DEVICES=0,1"',
-                         'Environment="NOTE=say \\"hi\\" \\\\ bye"']
+                         'Environment="NOTE=say \\"hi\\" \\\\ bye"',
+                         'Environment="DDTREE_FLAGS="']
+
+
+def test_become_is_validated_and_run_without_a_prompt(tmp_path):
+    from ddtree_deploy.server import become_prefix
+
+    with pytest.raises(InputError, match=r"gpu1.yaml: field 'server.become': expected sudo, doas or an absolute command"):
+        _host(tmp_path, {"kind": "systemd", "unit": "sglang.service", "become": "su"})
+    assert become_prefix(_host(tmp_path, {"kind": "systemd", "unit": "u", "become": "sudo"})) == "sudo -n"
+    assert become_prefix(_host(tmp_path, {"kind": "systemd", "unit": "u", "become": "/usr/bin/doas -u svc"})) == "/usr/bin/doas -u svc"
+
+
+def test_systemd_dropin_carries_ddtree_flags_on_and_off(tmp_path):
+    """The host file's DDTree flags reach the unit: as DDTREE_FLAGS always, and in an ExecStart that replaces the
+    unit's own when the host file gives the command; with DDTree off (a baseline) both lose the flags."""
+    host = _host(tmp_path, {"kind": "systemd", "unit": "sglang.service", "port": 31000,
+                            "ddtree_flags": "--speculative-algorithm DFLASH --speculative-ddtree-budget 64",
+                            "command": "{python} -m sglang.launch_server --port {port} {ddtree_flags}"})
+    on = render_dropin(host).splitlines()
+    assert 'Environment="DDTREE_FLAGS=--speculative-algorithm DFLASH --speculative-ddtree-budget 64"' in on
+    assert on[-2:] == ["ExecStart=", "ExecStart=/opt/venv/bin/python -m sglang.launch_server --port 31000 "
+                       "--speculative-algorithm DFLASH --speculative-ddtree-budget 64"]
+    off = render_dropin(host, ddtree=False).splitlines()
+    assert 'Environment="DDTREE_FLAGS="' in off
+    assert off[-1] == "ExecStart=/opt/venv/bin/python -m sglang.launch_server --port 31000"
 
 
 @pytest.mark.sandbox

@@ -244,8 +244,8 @@ def test_get_by_prefix_and_host_name(store, base_snap) -> None:
 
 
 # -- the command line ---------------------------------------------------------------------------------------------
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", **(env or {})}
     return subprocess.run([sys.executable, "-c", "from ddtree_deploy.cli import main; main()", *args],
                           capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
 
@@ -355,3 +355,102 @@ def test_compressed_transfer_progress_has_a_total_and_reaches_it(sandbox, tmp_pa
     assert events and {t for _, t in events} == {total}
     dones = [d for d, _ in events]
     assert dones == sorted(dones) and dones[-1] > 0.5 * total and len(set(dones)) > 3
+
+
+# -- a store that repairs itself and refuses what it did not check (issue #17) --------------------------------------
+def _corrupt(blob: Path) -> bytes:
+    original = blob.read_bytes()
+    blob.chmod(0o644)
+    blob.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    blob.chmod(0o444)
+    return original
+
+
+def test_resnapshot_replaces_a_corrupt_blob(sandbox, store, base_snap) -> None:
+    path = "sglang/srt/layers/sampler.py"
+    blob = store.blob_path(base_snap.manifest[path]["sha256"])
+    _corrupt(blob)
+    assert any(path in p for p in store.verify(base_snap))
+    again = store.take(sandbox.base)
+    assert again.info["stats"]["blobs_transferred"] == 1  # only the damaged one crossed the wire
+    assert store.verify(base_snap) == [] and store.verify(again) == []
+
+
+def test_verify_repair_fetches_damaged_blobs_from_the_host(sandbox, store, base_snap) -> None:
+    path = "sglang/srt/utils/common.py" if "sglang/srt/utils/common.py" in base_snap.manifest else "sglang/version.py"
+    blob = store.blob_path(base_snap.manifest[path]["sha256"])
+    _corrupt(blob)
+    r = cli("snapshot", "verify", base_snap.id, "--store", str(store.root), "--inventory", str(sandbox.inventory), "--repair")
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = " ".join(r.stdout.split())
+    assert "fetched 1 blob(s) again from sandbox-base" in text and "every blob present and intact" in text
+    assert store.verify(base_snap) == []
+
+
+def test_patchset_dev_refuses_a_corrupt_blob(sandbox, store, base_snap, tmp_path) -> None:
+    path = "sglang/srt/server_args.py"
+    blob = store.blob_path(base_snap.manifest[path]["sha256"])
+    original = _corrupt(blob)
+    try:
+        r = cli("patchset", "dev", "ddtree/sglang-0.5.11", str(tmp_path / "work"), "--snapshot", base_snap.id,
+                env={"DDTREE_SNAPSHOTS": str(store.root)})
+        assert r.returncode != 0
+        assert path in r.stderr and ("does not match" in r.stderr or "corrupted" in r.stderr), r.stderr
+        assert "Traceback" not in r.stderr
+    finally:
+        blob.chmod(0o644)
+        blob.write_bytes(original)
+        blob.chmod(0o444)
+
+
+def test_same_size_edit_with_mtime_restored_is_rehashed(sandbox, store, base_snap) -> None:
+    """The host-side hash cache is keyed on ctime too: an in-place edit that keeps the size and puts the old mtime
+    back (what `touch -d`, `rsync -t` or a tar extract do) is seen."""
+    target = site_dir(sandbox, "sandbox-base") / "sglang" / "version.py"
+    original = target.read_bytes()
+    st = target.stat()
+    edited = original.replace(b"dev0", b"dev1", 1)
+    assert len(edited) == len(original) and edited != original
+    try:
+        with open(target, "r+b") as fh:  # in place: same inode
+            fh.write(edited)
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert target.stat().st_mtime_ns == st.st_mtime_ns and target.stat().st_size == st.st_size
+        snap = store.take(sandbox.base)
+        assert snap.manifest["sglang/version.py"]["sha256"] == hashlib.sha256(edited).hexdigest()
+    finally:
+        with open(target, "r+b") as fh:
+            fh.write(original)
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert store.take(sandbox.base).manifest == base_snap.manifest
+
+
+def test_hostile_manifest_is_refused_on_arrival(sandbox, store, tmp_path) -> None:
+    """A host that answers with paths outside the package (here: its Python rewrites the manifest reply to name
+    ../evil.py and /etc/passwd) gets its snapshot refused before anything is stored; so does a link leaving it."""
+    fs = sandbox.box.load_state().hosts["sandbox-base"].fs
+    wrapper = fs / "hostile-python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "out=$(/srv/ddtree-host/venv/bin/python \"$@\")\n"
+        "printf '%s\\n' \"$out\" | sed -e 's#\"sglang/version.py\"#\"../evil.py\"#' "
+        "-e 's#\"sglang/__init__.py\"#\"/etc/passwd\"#'\n")
+    wrapper.chmod(0o755)
+    hostile = dataclasses.replace(sandbox.base, python="/srv/ddtree-host/hostile-python")
+    before = [s.id for s in store.list()]
+    try:
+        with pytest.raises(Exception) as info:
+            store.take(hostile, refresh=True)
+        assert "refusing the snapshot (nothing was stored)" in str(info.value)
+        assert "'../evil.py'" in str(info.value) or "'/etc/passwd'" in str(info.value)
+        assert [s.id for s in store.list()] == before
+        link = site_dir(sandbox, "sandbox-base") / "sglang" / "escape_link"
+        link.symlink_to("../../../../../../etc")
+        try:
+            with pytest.raises(Exception, match=r"link 'sglang/escape_link' -> .* leaves the package"):
+                store.take(sandbox.base)
+        finally:
+            link.unlink()
+        assert [s.id for s in store.list()] == before
+    finally:
+        wrapper.unlink()

@@ -1,28 +1,57 @@
-"""CLI: ``apply``, ``probe``, ``rollback``, ``releases`` and ``server start|stop|restart|status|logs``."""
+"""CLI: ``apply``, ``probe``, ``rollback``, ``releases`` and ``server start|stop|restart|status|logs``.
+
+Every command that changes a host takes the host lock and has ``--dry-run`` (a summary of what it would do; the
+full overlay diff only with ``--diff``). Ctrl-C or SIGTERM during one is not a silent exit: the host settles the
+run (anything switched in but not probed is rolled back) and the command says so and exits 130.
+"""
 
 from __future__ import annotations
 
+import signal
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
 from .. import deploy as deploy_mod
+from .. import hostops
 from ..console import emit_json, err, out, table
 from ..deploy import ApplyReport
 from .. import paths
-from ..errors import EXIT_FAILED, EXIT_USAGE, InputError
+from ..dryrun import summary_lines
+from ..errors import EXIT_FAILED, EXIT_USAGE, Interrupted, InputError
 from ..fleet import read_retry_file, rollout, write_retry_file
 from ..inventory import Host, resolve_host
-from ..probe import ProbeResult
+from ..probe import ProbeResult, describe_ddtree
 from ..server import ServerControl
 from ..transport import HostConnection
 from . import hosts as hosts_cmd
 from ._options import HostArg, InventoryOpt, JsonOpt, complete_host
 
+DryRunOpt = typer.Option(False, "--dry-run", help="say what would change (summary first); touch nothing")
+BreakLockOpt = typer.Option(False, "--break-lock", help="take the host lock even if another run holds it")
+
 
 def _progress(message: str) -> None:
     err.print(f"[dim]{message}[/dim]" if "[" not in message else message)
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM and SIGHUP count as Ctrl-C for the write commands: the run is handed to the host, which settles it,
+    and the command exits 130 saying what the host did. Outside a run there is nothing to settle."""
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted before anything on the host changed; nothing to undo") from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # -- rendering -----------------------------------------------------------------------------------------------------------
@@ -34,28 +63,46 @@ def print_probe(result: ProbeResult) -> None:
     for s in result.stages:
         t.add_row(s.name, mark.get(s.status, s.status), f"{s.seconds:.2f}", s.detail)
     out.print(t)
+    if result.ddtree:
+        out.print(f"[bold]DDTree[/bold]: {describe_ddtree(result.ddtree)}", highlight=False)
     failed = result.failed_stage
     if failed and failed.log_tail:
         out.print(f"[bold]log tail ({failed.name}):[/bold]")
         out.print(failed.log_tail, markup=False, highlight=False)
 
 
-def print_report(report: ApplyReport) -> None:
+def print_report(report: ApplyReport, *, show_diff: bool = False) -> None:
+    if report.details.get("reconciled"):
+        err.print(f"[bold yellow]{report.host}: {report.details['reconciled']}[/bold yellow]", highlight=False)
     if report.status == "dry-run":
-        out.print(report.details.get("diff", ""), markup=False, highlight=False)
-        from .. import abi
+        summary = report.details.get("summary")
+        if isinstance(summary, dict):
+            out.print(f"[bold]{report.host}: would change[/bold]")
+            out.print("\n".join(summary_lines(summary["files"])), markup=False, highlight=False)
+            out.print("[bold]steps[/bold]")
+            for i, step in enumerate(summary["steps"], 1):
+                out.print(f"  {i}. {step}", markup=False, highlight=False)
+        elif isinstance(summary, list):
+            for i, step in enumerate(summary, 1):
+                out.print(f"  {i}. {step}", markup=False, highlight=False)
+        if show_diff and report.details.get("diff"):
+            out.print(report.details["diff"], markup=False, highlight=False)
+        elif report.details.get("diff"):
+            out.print("[dim](the full diff: --diff)[/dim]")
+        if "abi" in report.details:
+            from .. import abi
 
-        findings = [abi.Finding(**d) for d in report.details.get("abi", [])]
-        if findings:
-            out.print(abi.render(findings))
-        else:
-            out.print("ABI: no findings")
-        out.print(f"dry run: {report.message}; nothing was touched")
+            findings = [abi.Finding(**d) for d in report.details.get("abi", [])]
+            out.print(abi.render(findings) if findings else "ABI: no findings")
+        out.print(f"dry run: {report.message}; nothing was touched", highlight=False)
         return
     if report.probe:
         print_probe(report.probe)
     if report.rollback_probe:
         print_probe(report.rollback_probe)
+    if report.details.get("base_drift"):
+        err.print(f"[bold red]{report.host}: pushed with base drift (--allow-base-drift):[/bold red] "
+                  + "; ".join(report.details["base_drift"]), highlight=False)
     style = "green" if report.ok else "bold red"
     out.print(f"[{style}]{report.host}: {report.status}[/{style}]: {report.message}", highlight=False)
 
@@ -97,9 +144,15 @@ def apply_cmd(
     retry_file: Optional[Path] = typer.Option(None, "--retry-file", help="where failed hosts are written / read (default: "
                                               "ddtree-deploy.retry in the checkout, else ~/.local/state/ddtree-deploy/last-apply.retry)"),
     patchset: Optional[str] = typer.Option(None, "--patchset", help="patch set name (default: the one for the host's sglang version)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the overlay diff and the ABI verdict; touch nothing"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would change (files, +/- lines, what would restart) "
+                                 "and the ABI verdict; touch nothing"),
+    diff: bool = typer.Option(False, "--diff", help="with --dry-run: also print the full overlay diff"),
+    force: bool = typer.Option(False, "--force", help="deploy even when the active release already holds this overlay "
+                               "and passes its probe (a new release and a restart)"),
+    allow_base_drift: bool = typer.Option(False, "--allow-base-drift", help="build even if the installed files the overlay "
+                                          "replaces changed since the snapshot (LOUD: the host's changes are not in the release)"),
     ignore_abi: bool = typer.Option(False, "--ignore-abi", help="push despite ABI errors (loud; for experts)"),
-    break_lock: bool = typer.Option(False, "--break-lock", help="take the host lock even if another run holds it"),
+    break_lock: bool = BreakLockOpt,
     max_parallel: int = typer.Option(4, "--max-parallel", min=1, help="hosts deployed at once after the canary"),
     max_fail: int = typer.Option(0, "--max-fail", min=0, help="stop starting new hosts once more than this many failed"),
     no_baseline: bool = typer.Option(False, "--no-baseline", help="do not record a generation baseline on hosts lacking one"),
@@ -110,24 +163,32 @@ def apply_cmd(
 
     Several hosts: the first is the canary; the rest follow in parallel (--max-parallel) until more than --max-fail
     have failed. A host with no generation baseline gets one first (server restarted with DDTree off, the fixed
-    prompts recorded in <release_root>/probe-baseline.json). Exit 0 all healthy, 1 a probe failed (rolled back),
-    2 bad input, 3 unreachable, 4 ABI, 5 patch.
+    prompts recorded in <release_root>/probe-baseline.json). A host whose active release already holds the overlay
+    and passes its probe is left alone ("unchanged"). Ctrl-C at any point: the host rolls back whatever was not yet
+    probed, and the command says so (exit 130). Exit 0 all healthy or unchanged, 1 a probe failed (rolled back),
+    2 bad input, 3 unreachable or cut, 4 ABI, 5 patch.
     """
+    if diff and not dry_run:
+        raise InputError("--diff goes with --dry-run (it prints the overlay diff instead of deploying)")
     retry_file = retry_file or paths.retry_file()
     selected, unusable = _select_hosts(hosts, all_hosts, retry_failed, retry_file, inventory)
 
     def action(host: Host) -> ApplyReport:
         return deploy_mod.apply(host, patchset=patchset, dry_run=dry_run, ignore_abi=ignore_abi, break_lock=break_lock,
-                                record_baseline=not no_baseline, progress=_progress)
+                                record_baseline=not no_baseline, progress=_progress, force=force,
+                                allow_base_drift=allow_base_drift)
 
-    if len(selected) == 1 and not retry_failed and not unusable:
-        report = action(selected[0])  # a refusal raises with its own exit code
-        if as_json:
-            emit_json(report.to_dict())
-        else:
-            print_report(report)
-        raise typer.Exit(report.exit_code)
-    result = rollout(selected, action, max_parallel=max_parallel, max_fail=max_fail, progress=_progress)
+    with _interruptible():
+        if len(selected) == 1 and not retry_failed and not unusable:
+            report = action(selected[0])  # a refusal raises with its own exit code
+            if as_json:
+                emit_json(report.to_dict())
+            else:
+                print_report(report, show_diff=diff)
+                if report.details.get("ddtree") and report.ok:
+                    out.print(f"[bold]DDTree[/bold] on {report.host}: {report.details['ddtree']}", highlight=False)
+            raise typer.Exit(report.exit_code)
+        result = rollout(selected, action, max_parallel=max_parallel, max_fail=max_fail, progress=_progress)
     if not dry_run:
         retry_file.parent.mkdir(parents=True, exist_ok=True)
     path = None if dry_run else write_retry_file(result, retry_file)
@@ -137,8 +198,8 @@ def apply_cmd(
                    "retry_file": str(path) if path else None})
     else:
         for r in result.reports:
-            if not r.ok:
-                print_report(r)
+            if not r.ok or r.status == "dry-run":
+                print_report(r, show_diff=diff)
         print_recap(result.reports, result.skipped, unusable)
         if result.aborted:
             err.print(f"[bold red]{result.aborted}[/bold red]")
@@ -152,12 +213,25 @@ def probe_cmd(
     record_baseline: bool = typer.Option(False, "--record-baseline", help="restart with DDTree off, record the fixed prompts' "
                                          "replies as the baseline on the host, restart as configured, then probe"),
     with_ddtree: bool = typer.Option(False, "--with-ddtree", help="record the baseline with DDTree on instead"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="with --record-baseline: say what it would restart and write"),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Probe a host's running server: overlay in use, kernel self-test, start-up/health, generation vs baseline."""
+    """Probe a host's running server: overlay in use, kernel self-test, start-up/health, generation vs baseline; then
+    what DDTree does there (budget, accept length, tok/s). A release left switched in but unprobed by a run that
+    vanished is probed and kept if it passes, else rolled back (said either way)."""
     h = resolve_host(host, inventory)
-    result, baseline = deploy_mod.probe(h, record=record_baseline, record_with_ddtree=with_ddtree, progress=_progress)
+    with _interruptible():
+        result, baseline = hostops.probe(h, record=record_baseline, record_with_ddtree=with_ddtree, dry_run=dry_run,
+                                         progress=_progress)
+    if result is None:  # dry run
+        if as_json:
+            emit_json({"host": h.name, "dry_run": True, "steps": baseline["dry_run"]})
+        else:
+            for i, step in enumerate(baseline["dry_run"], 1):
+                out.print(f"  {i}. {step}", markup=False, highlight=False)
+            out.print("dry run: nothing was touched")
+        raise typer.Exit(0)
     if as_json:
         emit_json({**result.to_dict(), "baseline_recorded": bool(baseline)})
     else:
@@ -171,14 +245,18 @@ def rollback_cmd(
     host: str = HostArg,
     to: Optional[str] = typer.Option(None, "--to", help="release id to go back to, or 'installed' for no overlay "
                                      "(default: the recorded previous good release)"),
-    break_lock: bool = typer.Option(False, "--break-lock", help="take the host lock even if another run holds it"),
+    force: bool = typer.Option(False, "--force", help="roll back to a release marked bad or interrupted anyway"),
+    dry_run: bool = DryRunOpt,
+    break_lock: bool = BreakLockOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Switch a host back by hand, mark the release it leaves bad, restart and probe."""
+    """Switch a host back by hand, mark the release it leaves bad, restart and probe. A release marked bad is
+    refused unless --force."""
     h = resolve_host(host, inventory)
-    report = deploy_mod.rollback(h, to=None if to == "installed" else to, to_installed=to == "installed",
-                                 break_lock=break_lock, progress=_progress)
+    with _interruptible():
+        report = hostops.rollback(h, to=None if to == "installed" else to, to_installed=to == "installed",
+                                  break_lock=break_lock, force=force, dry_run=dry_run, progress=_progress)
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -194,7 +272,7 @@ def releases_cmd(
 ) -> None:
     """The releases on a host: which is active, which is the rollback target, which are bad; the lock; the journal."""
     h = resolve_host(host, inventory)
-    info = deploy_mod.releases(h, journal)
+    info = hostops.releases(h, journal)
     if as_json:
         emit_json(info)
         return
@@ -209,9 +287,18 @@ def releases_cmd(
                     ["id", "status", "", "patch set", "base", "created", "note"], rows))
     if st["active"] is None:
         out.print("no overlay active: the server imports the installed package")
+    pending = st.get("pending")
+    if pending and info.get("lock_state") in ("free", "dead"):
+        out.print(f"[bold red]release {pending.get('release')} was switched in by run {pending.get('run')} and never probed; "
+                  f"the next command that changes this host settles it (or `ddtree-deploy probe {h.name}` now)[/bold red]",
+                  highlight=False)
+    elif pending:
+        out.print(f"[yellow]release {pending.get('release')} is being probed by run {pending.get('run')}[/yellow]", highlight=False)
     if info["lock"]:
         lk = info["lock"]
-        out.print(f"[yellow]locked by run {lk.get('run_id')} ({lk.get('user')}@{lk.get('control_host')}, since {lk.get('taken')})[/yellow]")
+        state = {"dead": " — its holder is gone; the next command takes it over", "legacy": ""}.get(info.get("lock_state"), "")
+        out.print(f"[yellow]locked by run {lk.get('run_id')} ({lk.get('user')}@{lk.get('control_host')}, since {lk.get('taken')})"
+                  f"{state}[/yellow]")
     if info["journal"]:
         out.print(journal_table(info["journal"], f"{h.name}: journal (last {len(info['journal'])})"))
 
@@ -231,10 +318,11 @@ def journal_table(lines: list[dict[str, Any]], title: str) -> Any:
 
 # -- server ---------------------------------------------------------------------------------------------------------------
 server_app = typer.Typer(help="The SGLang server of a host, as its host file's `server` section says (managed process "
-                         "with PYTHONPATH=<release_root>/current, or a systemd unit with a drop-in).", no_args_is_help=True)
+                         "with PYTHONPATH=<release_root>/current, or a systemd unit with a drop-in). start, stop and "
+                         "restart take the host lock (they never interleave with an apply).", no_args_is_help=True)
 
 
-def _server(host: str, inventory: Path | None, fn: Any) -> Any:
+def _server_read(host: str, inventory: Path | None, fn: Any) -> Any:
     h = resolve_host(host, inventory)
     with HostConnection(h) as conn:
         ctl = ServerControl(conn)
@@ -242,35 +330,69 @@ def _server(host: str, inventory: Path | None, fn: Any) -> Any:
         return fn(ctl, active)
 
 
+def _server_write(host: str, inventory: Path | None, action: str, dry_run: bool, wait: bool, break_lock: bool,
+                  as_json: bool) -> None:
+    h = resolve_host(host, inventory)
+    with _interruptible():
+        res = hostops.server_action(h, action, dry_run=dry_run, wait=wait, break_lock=break_lock, progress=_progress)
+    failed = (res.get("startup") or {}).get("status") == "fail"
+    if as_json:
+        emit_json(res)
+    elif dry_run:
+        out.print(f"dry run: would {res['would']}; nothing was touched", highlight=False)
+    else:
+        if res.get("reconciled"):
+            err.print(f"[bold yellow]{h.name}: {res['reconciled']}[/bold yellow]", highlight=False)
+        what = {"start": "started", "stop": "stopped", "restart": "restarted"}[action]
+        started = res.get("started") or res
+        pid = started.get("pid") if isinstance(started, dict) else None
+        line = f"{h.name}: {what}" + (f" (pid {pid})" if pid else "") + f" on {res.get('active_release') or 'the installed package'}"
+        if res.get("startup"):
+            line += f"; start-up: {res['startup']['status']} — {res['startup']['detail']}"
+        out.print(f"[{'bold red' if failed else 'green'}]{line}[/]", highlight=False)
+        if failed and res.get("log_tail"):
+            out.print(res["log_tail"], markup=False, highlight=False)
+    raise typer.Exit(EXIT_FAILED if failed else 0)
+
+
+NoWaitOpt = typer.Option(False, "--no-wait", help="return once the process is started; do not wait for /health")
+
+
 @server_app.command("start")
-def server_start(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Start the server on the active release (DDTree flags on only when an overlay is active)."""
-    res = _server(host, inventory, lambda c, a: c.start(release=a, ddtree=a is not None))
-    emit_json(res) if as_json else out.print(f"started: {res}")
+def server_start(host: str = HostArg, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
+                 break_lock: bool = BreakLockOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+    """Start the server on the active release (DDTree flags on only when an overlay is active) and wait for /health.
+    Refused when another process (one the tool did not start) already holds the server port."""
+    _server_write(host, inventory, "start", dry_run, not no_wait, break_lock, as_json)
 
 
 @server_app.command("stop")
-def server_stop(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+def server_stop(host: str = HostArg, dry_run: bool = DryRunOpt, break_lock: bool = BreakLockOpt,
+                inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Stop the server (SIGTERM to its process group, SIGKILL after server.stop_timeout)."""
-    res = _server(host, inventory, lambda c, a: c.stop())
-    emit_json(res) if as_json else out.print(f"stopped: {res}")
+    _server_write(host, inventory, "stop", dry_run, False, break_lock, as_json)
 
 
 @server_app.command("restart")
-def server_restart(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Stop, then start on the active release."""
-    res = _server(host, inventory, lambda c, a: c.restart(release=a, ddtree=a is not None))
-    emit_json(res) if as_json else out.print(f"restarted: {res}")
+def server_restart(host: str = HostArg, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
+                   break_lock: bool = BreakLockOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+    """Stop, then start on the active release, and wait for /health."""
+    _server_write(host, inventory, "restart", dry_run, not no_wait, break_lock, as_json)
 
 
 @server_app.command("status")
 def server_status(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Whether the server runs, its pid, the release it was started on, its uptime."""
-    res = _server(host, inventory, lambda c, a: {**c.status(), "active_release": a})
+    """Whether the server runs, its pid, the release it was started on, its uptime; a server on the port that the
+    tool did not start is named."""
+    res = _server_read(host, inventory, lambda c, a: {**c.status(), "active_release": a})
     if as_json:
         emit_json(res)
         return
-    out.print(table(f"{host}: server", ["field", "value"], [[k, v] for k, v in res.items()]))
+    out.print(table(f"{host}: server", ["field", "value"], [[k, v] for k, v in res.items() if k != "foreign" or v]))
+    if res.get("foreign"):
+        port = resolve_host(host, inventory).server.get("port")
+        err.print(f"[bold yellow]{host}: no server of ddtree-deploy runs, but port {port} is held by "
+                  f"{res['foreign']} (a server the tool did not start)[/bold yellow]", highlight=False)
     if not res.get("running"):
         raise typer.Exit(EXIT_FAILED)
 
@@ -280,7 +402,7 @@ def server_logs(host: str = HostArg, lines: int = typer.Option(100, "--lines", "
                 previous: bool = typer.Option(False, "--previous", help="the log of the run before this one"),
                 inventory: Optional[Path] = InventoryOpt) -> None:
     """The tail of the server log."""
-    res = _server(host, inventory, lambda c, a: c.logs(lines, previous=previous))
+    res = _server_read(host, inventory, lambda c, a: c.logs(lines, previous=previous))
     out.print(res["text"], markup=False, highlight=False)
 
 

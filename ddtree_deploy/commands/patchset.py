@@ -236,11 +236,15 @@ def refresh_cmd(
     directory: Path = typer.Argument(..., help="the work tree made by `patchset dev`"),
     renumber: bool = typer.Option(False, "--renumber", help="name every patch NNNN-<subject>.patch instead of keeping "
                                   "the existing names of unchanged patches"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would be written (files, +/- lines); write nothing"),
+    diff: bool = typer.Option(False, "--diff", help="with --dry-run: also print the full diff of every file"),
     root: Optional[Path] = RootOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Write the work tree's commits after the base back as the series (one .patch per commit) and the sha256 of
     every base file they touch into patchset.yaml (its comments are kept). Refuses a dirty tree."""
+    if diff and not dry_run:
+        raise InputError("--diff goes with --dry-run")
     from ..patch_dev import read_state, refresh_patchset
 
     if "/" not in name and not Path(name).exists():  # a bare name: the patch set the work tree was made from
@@ -250,9 +254,21 @@ def refresh_cmd(
                              "refresh into (NAME/DIR or a path)")
         name = recorded["patchset"]
     ps = load_patchset(name, root=root)
-    res = refresh_patchset(ps, directory, renumber=renumber)
+    res = refresh_patchset(ps, directory, renumber=renumber, dry_run=dry_run)
     if as_json:
-        emit_json(res.__dict__)
+        emit_json({k: v for k, v in res.__dict__.items() if diff or k != "diffs"})
+        return
+    if dry_run:
+        from ..dryrun import diff_stats, summary_lines
+
+        stats = diff_stats("".join(f"diff --git a/{n} b/{n}\n" + d for n, d in res.diffs.items()))
+        out.print(f"[bold]{ps.qualified_name}: refresh from {directory} would change[/bold]")
+        out.print("\n".join(summary_lines(stats)) if stats else "  nothing (the series is up to date)", markup=False,
+                  highlight=False)
+        if diff:
+            for d in res.diffs.values():
+                out.print(d, markup=False, highlight=False)
+        out.print("dry run: nothing was written")
         return
     out.print(table(f"{ps.qualified_name} refreshed from {directory}", ["patch", "status"],
                     [[n, "written" if n in res.written else "unchanged"] for n in res.series]

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from ..console import emit_json, err, out, table
 from ..errors import EXIT_USAGE, DeployError, InputError, OperationFailed
 from ..facts import get
+from ..inventory import resolve_host
 from ..snapshot import Snapshot, SnapshotStore
 from . import hosts as hosts_cmd
 from ._options import InventoryOpt, JsonOpt, StoreOpt, complete_host
@@ -185,11 +186,21 @@ def diff(a: str = typer.Argument(..., help="first snapshot (id, prefix or host n
 
 @snapshot_app.command("verify")
 def verify(ref: str = typer.Argument(..., help="snapshot id, prefix or host name"),
+           repair: bool = typer.Option(False, "--repair", help="fetch damaged or missing blobs again from the "
+                                       "snapshot's host (each checked against the manifest), then verify again"),
+           inventory: Optional[Path] = InventoryOpt,
            store: Optional[Path] = StoreOpt, as_json: bool = JsonOpt) -> None:
-    """Check that every blob of a snapshot is present and matches its sha256 (exit 1 if not)."""
+    """Check that every blob of a snapshot is present and matches its sha256 (exit 1 if not); --repair mends it."""
     st = SnapshotStore(store)
     snap = st.get(ref)
     problems = st.verify(snap)
+    if problems and repair:
+        host = resolve_host(snap.host, inventory)
+        fixed = st.repair(snap, host)
+        if not as_json:
+            out.print(f"snapshot {snap.id}: fetched {len(fixed['repaired'])} blob(s) again from {host.name}: "
+                      + ", ".join(fixed["repaired"][:6]) + (" …" if len(fixed["repaired"]) > 6 else ""), highlight=False)
+        problems = st.verify(snap)
     if as_json:
         emit_json({"id": snap.id, "host": snap.host, "ok": not problems, "problems": problems})
     elif problems:

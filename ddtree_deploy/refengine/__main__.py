@@ -98,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "speculative_algorithm": None if args.speculative_algorithm == "NONE" else args.speculative_algorithm,
             "speculative_ddtree_budget": args.budget if args.speculative_algorithm == "DDTREE" else None,
             "speculative_block_size": args.block_size,
+            "speculative_num_draft_tokens": args.block_size if args.speculative_algorithm != "NONE" else None,
             "ddtree_runtime_path": rt_info["path"],
             "ddtree_runtime_version": rt_info["version"],
             "model_seed": args.seed,

@@ -82,6 +82,20 @@ class EngineServer(ThreadingHTTPServer):
         self.info = info
         self.engine: Engine | None = None
         self.lock = threading.Lock()
+        # the counters SGLang's scheduler keeps for /get_server_info's internal_states
+        self.spec_accept_tokens = 0
+        self.spec_forward_ct = 0
+        self.last_gen_throughput = 0.0
+
+    def server_info(self) -> dict[str, Any]:
+        """SGLang's shape: the server arguments at the top level, the scheduler's counters per DP rank in
+        ``internal_states`` (``avg_spec_accept_length`` only once a speculative round ran, as SGLang does)."""
+        state: dict[str, Any] = {k: self.info.get(k) for k in ("speculative_algorithm", "speculative_ddtree_budget",
+                                                              "speculative_num_draft_tokens")}
+        state["last_gen_throughput"] = self.last_gen_throughput
+        if self.info.get("speculative_algorithm") and self.spec_forward_ct:
+            state["avg_spec_accept_length"] = self.spec_accept_tokens / self.spec_forward_ct
+        return {**self.info, "ready": self.engine is not None, "internal_states": [state]}
 
     def set_ready(self, engine: Engine) -> None:
         self.engine = engine
@@ -92,6 +106,11 @@ class EngineServer(ThreadingHTTPServer):
             raise RuntimeError("engine not ready")
         with self.lock:
             res = self.engine.generate(input_ids, params, seed=seed)
+            if res.verify_rounds:
+                self.spec_accept_tokens += sum(res.round_commits)
+                self.spec_forward_ct += res.verify_rounds
+            if res.seconds > 0:
+                self.last_gen_throughput = len(res.output_ids) / res.seconds
         log.info(
             "generate: prompt=%d completion=%d accept_length=%.2f verify_ct=%d finish=%s %.3fs",
             res.prompt_tokens, len(res.output_ids), res.accept_length, res.verify_rounds,
@@ -133,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate"):
             self._send(200 if self.server.engine is not None else 503)
         elif path in ("/get_server_info", "/server_info"):
-            self._send(200, {**self.server.info, "ready": self.server.engine is not None})
+            self._send(200, self.server.server_info())
         elif path == "/get_model_info":
             self._send(200, {"model_path": self.server.info.get("model_path"), "is_generation": True})
         else:

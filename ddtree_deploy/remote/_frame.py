@@ -1,11 +1,17 @@
 # The frame every remote program starts with: the reply protocol and small shared helpers. Stdlib only, and it
 # must run on any Python >= 3.8 a host may use for SGLang.
+import errno as _errno
+import hashlib as _hashlib
 import json as _json
 import os as _os
 import sys as _sys
+import time as _time
 import traceback as _traceback
 
 _MARKER = "@@DDTREE-RESULT@@"
+# The process that started us: the host's per-connection sshd (or its shell). When it is gone, the control side's
+# connection is gone too, and a step that has not yet committed must not commit on its own (see _control_lost).
+_PPID0 = _os.getppid()
 
 
 class Failure(Exception):
@@ -29,6 +35,140 @@ def server_env(root, env):
     return full
 
 
+# -- helpers shared by the remote modules (one copy each) ----------------------------------------------------------
+def _now():
+    return _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _sha256_file(path):
+    h = _hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(1 << 20)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_atomic(path, data):
+    """Write ``data`` (bytes) to ``path`` through a temporary file and a rename; on failure (a full disk) the
+    temporary file is removed and the old ``path`` is left as it was."""
+    tmp = "%s.tmp-%d" % (path, _os.getpid())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            _os.fsync(fh.fileno())
+        _os.replace(tmp, path)
+    except BaseException:
+        try:
+            _os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _proc_start_ticks(pid):
+    """Start time of ``pid`` in clock ticks since boot, or None when it does not run (a zombie does not run)."""
+    try:
+        with open("/proc/%d/stat" % int(pid)) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError, ValueError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22 of stat
+
+
+def _proc_alive(pid, ticks):
+    """True while the process ``pid`` that started at ``ticks`` runs: a recycled pid is never mistaken for it."""
+    return isinstance(pid, int) and ticks is not None and _proc_start_ticks(pid) == ticks
+
+
+def _port_listener(port):
+    """{pid, cmdline} of the process listening on TCP ``port`` (any address), {} when its owner is not visible,
+    or None when nothing listens. Read from /proc, so it needs no tool on the host."""
+    inodes = set()
+    hexport = "%04X" % int(port)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and f[1].rsplit(":", 1)[1] == hexport:
+                inodes.add("socket:[%s]" % f[9])
+    if not inodes:
+        return None
+    for pid in (p for p in _os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = _os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if _os.readlink("/proc/%s/fd/%s" % (pid, fd)) in inodes:
+                    with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                        cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+                    return {"pid": int(pid), "cmdline": cmd[:300]}
+            except OSError:
+                continue
+    return {}
+
+
+def _control_lost():
+    """The control side's SSH session is gone (our parent changed: sshd died and we were re-parented)."""
+    return _os.getppid() != _PPID0
+
+
+def _fault_point(root, name):
+    """Fault-injection hook for the fault suite (bench/faults.py): when ``<root>/.fault-points`` lists ``name``,
+    write ``<root>/.fault-reached`` and wait (at most 60 s) until the suite removes it. One stat otherwise."""
+    ctl = _os.path.join(root, ".fault-points")
+    if not _os.path.exists(ctl):
+        return
+    try:
+        with open(ctl) as fh:
+            points = _json.load(fh)
+    except (OSError, ValueError):
+        return
+    if name not in points:
+        return
+    reached = _os.path.join(root, ".fault-reached")
+    with open(reached, "w") as fh:
+        fh.write(name)
+    deadline = _time.time() + 60
+    while _os.path.exists(reached) and _time.time() < deadline:
+        _time.sleep(0.01)
+
+
+def _disk_message(exc):
+    where = getattr(exc, "filename", None) or "the host"
+    if exc.errno == _errno.EDQUOT:
+        return "disk quota exceeded writing %s" % where
+    return "no space left on the device holding %s" % where
+
+
+def _emit(reply):
+    """One reply line (a session op sends several: see transport.RemoteSession); a closed pipe is ignored."""
+    try:
+        _sys.stdout.write("\n" + _MARKER + _json.dumps(reply) + "\n")
+        _sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _ddtree_main(ops):
     request = _json.loads(_PAYLOAD.decode())  # noqa: F821  (_PAYLOAD is injected by the boot line)
     op = request["op"]
@@ -38,8 +178,11 @@ def _ddtree_main(ops):
         reply = {"ok": True, "result": ops[op](**request["args"])}
     except Failure as exc:
         reply = {"ok": False, "error": str(exc), "kind": exc.kind}
+    except OSError as exc:
+        if exc.errno in (_errno.ENOSPC, _errno.EDQUOT):
+            reply = {"ok": False, "error": _disk_message(exc), "kind": "disk"}
+        else:
+            reply = {"ok": False, "error": _traceback.format_exc(), "kind": "crash"}
     except Exception:
         reply = {"ok": False, "error": _traceback.format_exc(), "kind": "crash"}
-    _sys.stdout.flush()
-    _sys.stdout.write("\n" + _MARKER + _json.dumps(reply) + "\n")
-    _sys.stdout.flush()
+    _emit(reply)

@@ -9,11 +9,11 @@
 #       manifest + facts in one process when torch's facts are cached on the host (else facts is None).
 #   manifest(site_packages, package, release_root)
 #       sha256, size and mode of every file of the installed package and of its dist-info directory. Hashes are
-#       cached on the host in <release_root>/.manifest-cache.json keyed by (path, size, mtime_ns, inode), so an
-#       unchanged package is re-described by stat() alone.
+#       cached on the host in <release_root>/.manifest-cache.json keyed by (path, size, mtime_ns, inode, ctime_ns),
+#       so an unchanged package is re-described by stat() alone. ctime is in the key because nothing can set it: an
+#       in-place edit that keeps the size and puts the old mtime back (touch -d, rsync -t, tar) still changes it.
 # Missing pieces (no torch, no nvidia-smi, no GPU) are facts with a status, never failures.
 import glob
-import hashlib
 import json
 import os
 import platform
@@ -24,7 +24,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 
 TRACKED_DISTS = ("sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer", "flashinfer-cubin",
@@ -190,7 +189,7 @@ def _elf_info(path):
 
 
 def _compiled_files(site_packages, package, elf_cache, rel_paths=None):
-    """Every .so inside the package with its linkage; ELF details cached by (size, mtime_ns, inode) in elf_cache."""
+    """Every .so inside the package with its linkage; ELF details cached by _stat_key in elf_cache."""
     if rel_paths is None:
         rel_paths = [rel for rel, _entry in _walk(site_packages, package)]
     found = []
@@ -203,10 +202,10 @@ def _compiled_files(site_packages, package, elf_cache, rel_paths=None):
             st = os.stat(full)
         except OSError:
             continue
-        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        key = _stat_key(st)
         old = elf_cache.get(rel)
-        if old and old[:3] == key:
-            elf = old[3]
+        if old and old[:-1] == key:
+            elf = old[-1]
         else:
             elf = _elf_info(full)
             elf_cache[rel] = key + [elf]
@@ -238,7 +237,7 @@ def _torch_identity():
     for p in [spec.origin, os.path.join(tdir, "version.py")] + sorted(glob.glob(os.path.join(tdir, "_C*.so"))):
         try:
             st = os.stat(p)
-            parts.append([p, st.st_size, st.st_mtime_ns, st.st_ino])
+            parts.append([p] + _stat_key(st))
         except OSError:
             parts.append([p, None])
     return parts
@@ -339,10 +338,7 @@ def _write_json(path, data):
     """Atomic replace; a cache we cannot write is only slower next time, never a failure."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, separators=(",", ":"))
-        os.replace(tmp, path)
+        _write_atomic(path, json.dumps(data, separators=(",", ":")).encode())  # noqa: F821 (from _frame.py)
         return True
     except OSError:
         return False
@@ -412,15 +408,9 @@ def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0
     return result
 
 
-def _hash_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(1 << 20)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
+def _stat_key(st):
+    """What says a file is unchanged without reading it: size, mtime, inode and ctime (ctime cannot be set back)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def _walk(site_packages, top):
@@ -457,11 +447,11 @@ def manifest(site_packages, package="sglang", release_root=None, refresh=False):
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            key = [st.st_size, st.st_mtime_ns, st.st_ino]
+            key = _stat_key(st)
             old = entries.get(rel)
             mode = stat.S_IMODE(st.st_mode)
-            if old and old[:3] == key:
-                files[rel] = [old[3], st.st_size, mode]
+            if old and old[:-1] == key:
+                files[rel] = [old[-1], st.st_size, mode]
                 new_entries[rel] = old
             else:
                 todo.append((rel, full, key, mode))
@@ -470,7 +460,7 @@ def manifest(site_packages, package="sglang", release_root=None, refresh=False):
 
         workers = max(1, min(8, os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
-            digests = list(pool.map(lambda item: _hash_file(item[1]), todo))
+            digests = list(pool.map(lambda item: _sha256_file(item[1]), todo))  # noqa: F821 (from _frame.py)
         for (rel, _full, key, mode), digest in zip(todo, digests):  # noqa: B905 (runs on Python 3.8)
             files[rel] = [digest, key[0], mode]
             new_entries[rel] = key + [digest]

@@ -3,6 +3,7 @@
 # GPU, start-up watching (pid + log + /health polled every ~100 ms in ONE call, so a dead server is seen at
 # once and not after an SSH round trip per poll), and the fixed generation prompts. Stdlib only.
 import os
+import shlex
 import shutil
 import subprocess
 import threading
@@ -102,18 +103,15 @@ def _pid_alive_file(pid_file):
     except (OSError, ValueError):
         return False, None
     pid = record.get("pid")
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, TypeError):
-        return False, pid
-    if fields[0] in ("Z", "X") or int(fields[19]) != record.get("start_ticks"):
-        return False, pid
-    return True, pid
+    return _proc_alive(pid, record.get("start_ticks")), pid
 
 
-def _pid_alive_systemd(unit):
-    proc = subprocess.run(["systemctl", "show", unit, "-p", "MainPID", "-p", "ActiveState"],
+def _become(source):
+    return shlex.split(source.get("become") or "")
+
+
+def _pid_alive_systemd(unit, become=""):
+    proc = subprocess.run(_become({"become": become}) + ["systemctl", "show", unit, "-p", "MainPID", "-p", "ActiveState"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     props = dict(ln.split("=", 1) for ln in proc.stdout.decode().splitlines() if "=" in ln)
     pid = int(props.get("MainPID") or 0)
@@ -123,7 +121,7 @@ def _pid_alive_systemd(unit):
 def _read_log(source, offset):
     """New log bytes since ``offset`` (file) or since the unit's start (journal)."""
     if source.get("kind") == "journal":
-        proc = subprocess.run(["journalctl", "-u", source["unit"], "--since", source.get("since", "-10min"),
+        proc = subprocess.run(_become(source) + ["journalctl", "-u", source["unit"], "--since", source.get("since", "-10min"),
                                "--no-pager", "-o", "cat"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         data = proc.stdout
         return data[offset:], len(data)
@@ -150,14 +148,18 @@ def _http(url, timeout, data=None):
         return exc.code, exc.read()
 
 
-def wait_ready(pid_source, log_source, url, budget, poll=0.1, health_timeout=5.0, then_generate=None):
+def wait_ready(pid_source, log_source, url, budget, poll=0.1, health_timeout=5.0, then_generate=None, stall=0.0):
     """Return as soon as the outcome is known: ready (/health 200), dead (process gone), traceback (in the log),
-    or timeout (budget spent). /health is polled in a thread so a slow answer never delays seeing a death.
+    stalled (the log silent and /health failing for ``stall`` seconds: a wedged start fails long before the
+    budget, while a real model load that keeps logging keeps its whole budget), foreign (no server of ours, but
+    something else answers on the port), or timeout (budget spent). /health is polled in a thread so a slow answer
+    never delays seeing a death.
 
     ``then_generate`` ({base_url, prompts, max_new_tokens, budget, baseline_path}): when ready, run the generation
     stage too, in this same round trip; its outcome (or its Failure) is returned under "generation" with its own
-    timing, so the two stages keep their own budgets and verdicts."""
-    res = _wait_ready(pid_source, log_source, url, budget, poll, health_timeout)
+    timing, so the two stages keep their own budgets and verdicts; the server's counters after it (accept
+    length, throughput) under "server_info_after"."""
+    res = _wait_ready(pid_source, log_source, url, budget, poll, health_timeout, stall)
     if then_generate and res["state"] == "ready":
         g0 = time.time()
         try:
@@ -166,10 +168,15 @@ def wait_ready(pid_source, log_source, url, budget, poll=0.1, health_timeout=5.0
             res["generation"] = {"ok": True, "result": out, "seconds": round(time.time() - g0, 3)}
         except Failure as exc:
             res["generation"] = {"ok": False, "error": str(exc), "seconds": round(time.time() - g0, 3)}
+        res["server_info_after"] = server_info(then_generate["base_url"])
     return res
 
 
-def _wait_ready(pid_source, log_source, url, budget, poll, health_timeout):
+def _origin(url):
+    return url.split("/", 3)[0] + "//" + url.split("/", 3)[2]
+
+
+def _wait_ready(pid_source, log_source, url, budget, poll, health_timeout, stall=0.0):
     t0 = time.time()
     deadline = t0 + budget
     ready = threading.Event()
@@ -194,10 +201,11 @@ def _wait_ready(pid_source, log_source, url, budget, poll, health_timeout):
     offset = 0
     seen = b""
     state, pid = None, None
+    progress_at = t0
     try:
         while True:
             if pid_source["kind"] == "systemd":
-                alive, pid = _pid_alive_systemd(pid_source["unit"])
+                alive, pid = _pid_alive_systemd(pid_source["unit"], pid_source.get("become", ""))
             else:
                 alive, pid = _pid_alive_file(pid_source["path"])
             if ready.is_set():
@@ -207,22 +215,40 @@ def _wait_ready(pid_source, log_source, url, budget, poll, health_timeout):
                 state = "dead"
                 break
             chunk, offset = _read_log(log_source, offset)
+            now = time.time()
+            if chunk:
+                progress_at = now
             seen = (seen + chunk)[-(len(TRACEBACK) + 65536):]
             if TRACEBACK in seen:
                 state = "traceback"
                 break
-            if time.time() >= deadline:
+            if now >= deadline:
                 state = "timeout"
+                break
+            if stall and now - progress_at >= stall:
+                state = "stalled"
                 break
             ready.wait(poll)
     finally:
         stop.set()
     res = {"state": state, "seconds": round(time.time() - t0, 3), "pid": pid, "health_status": last["status"],
-           "health_error": last["error"], "health_polls": last["polls"]}
+           "health_error": last["error"], "health_polls": last["polls"], "silent_for": round(time.time() - progress_at, 3)}
+    if state == "dead" and pid is None and pid_source["kind"] == "file":
+        # no server of ours at all: if something answers on the port anyway, it is a server we did not start
+        try:
+            code, _ = _http(url, timeout=min(health_timeout, 2.0))
+        except Exception:
+            code = None
+        port = int(url.split("/", 3)[2].rsplit(":", 1)[1])
+        holder = _port_listener(port)
+        if code is not None or holder is not None:
+            state = res["state"] = "foreign"
+            res["health_status"] = code
+            res["listener"] = holder
     if state != "ready":
         res["log_tail"] = _tail_text(log_source)
     else:
-        res["server_info"] = server_info(url.split("/", 3)[0] + "//" + url.split("/", 3)[2])
+        res["server_info"] = server_info(_origin(url))
     return res
 
 
@@ -284,10 +310,7 @@ def read_json(path):
 
 def write_json(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(_json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    _write_atomic(path, (_json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
     return path
 
 

@@ -1,7 +1,10 @@
-# ruff: noqa: F821  (Failure, _json and _sys come from _frame.py, which is glued in front of this program)
-# Release operations on the host: build a release from a staged overlay, switch `current`, keep state, lock.
-# Stdlib only; runs under the host's own Python (the one SGLang runs under), so byte-compiling here uses the
-# exact interpreter and magic number the server will use.
+# ruff: noqa: F821  (Failure, _json, _sys, _MODULES and the _-helpers come from _frame.py, glued in front of this program)
+# requires: server probe
+# includes: _state _lease
+# Release operations on the host: build a release from a staged overlay, switch `current`, keep state, and hold the
+# per-host lock through a guardian process that rolls the host back on its own when the control side goes away.
+# Stdlib only; runs under the host's own Python (the one SGLang runs under), so byte-compiling here uses the exact
+# interpreter and magic number the server will use.
 #
 # Layout under the release root:
 #   releases/<id>/sglang/...        hard-link copy of the installed package, overlay files written by REPLACING links
@@ -9,180 +12,33 @@
 #   releases/<id>/RELEASE.json      patch set, versions, base snapshot, overlay hashes
 #   base/                           empty directory: what `current` points at when no overlay is active
 #   current -> releases/<id> | base switched atomically (symlink to a temp name, then rename over `current`)
-#   state.json                      releases, active, previous_good, bad (rewritten atomically)
+#   state.json                      releases, active, previous_good, bad, pending (rewritten atomically)
 #   journal.log                     append-only, one JSON object per line
-#   lock                            per-host deploy lock (created with O_EXCL)
+#   lock                            who holds the per-host lock: a record naming the run and its holder process
+#   .oplock                         flock serialising the steps that change the host (and the guardian's rollback)
 #   staging/<run>/                  where the overlay tar stream lands before `build`
+#
+# Its parts: _state.py (state.json, journal, `current`, the step lock) and _lease.py (the lock, its guardian, the
+# fence, settling a run that stopped early) are glued into this program (`# includes:` above).
+#
+# The transaction (docs/design.md, "The deploy transaction"): `pending` in state.json is written BEFORE `current`
+# moves to a release that has not passed its probe, and names the release to go back to ("safe"). It is cleared only
+# by the verdict (finish) or by a rollback that reached the safe release. The lock's holder process (`hold`, one per
+# run, on the run's own SSH connection) sees the control side vanish (end of input, its sshd gone, or no heartbeat)
+# and then settles any pending switch itself: back to the safe release, server restarted on it, lock released.
+# Every step of a run passes `fence=<run id>` and is refused once that run no longer holds a live lock.
 import errno
-import hashlib
 import os
 import py_compile
 import shutil
-import socket
 import stat
 import time
 
-STATE_VERSION = 1
-
-
-# -- small helpers ---------------------------------------------------------------------------------------------------
-def _now():
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def _write_atomic(path, data):
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _load_state(root):
-    path = os.path.join(root, "state.json")
-    try:
-        with open(path) as fh:
-            state = _json.load(fh)
-    except FileNotFoundError:
-        state = {}
-    except ValueError as exc:
-        raise Failure("%s is not valid JSON (%s); fix or remove it by hand" % (path, exc), "state") from None
-    state.setdefault("version", STATE_VERSION)
-    state.setdefault("releases", [])
-    state.setdefault("active", None)
-    state.setdefault("previous_good", None)
-    state.setdefault("bad", [])
-    return state
-
-
-def _save_state(root, state):
-    _write_atomic(os.path.join(root, "state.json"), (_json.dumps(state, indent=1, sort_keys=True) + "\n").encode())
-
-
-def _journal(root, event, **fields):
-    entry = {"time": _now(), "event": event, "host": socket.gethostname()}
-    entry.update(fields)
-    line = _json.dumps(entry, sort_keys=True) + "\n"
-    fd = os.open(os.path.join(root, "journal.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def _release(state, rid):
-    for rel in state["releases"]:
-        if rel["id"] == rid:
-            return rel
-    return None
-
-
-def _current_target(root):
-    try:
-        target = os.readlink(os.path.join(root, "current"))
-    except OSError:
-        return None
-    return target
-
-
-def _ensure_root(root):
-    try:
-        os.makedirs(os.path.join(root, "releases"), exist_ok=True)
-        os.makedirs(os.path.join(root, "base"), exist_ok=True)
-    except OSError as exc:
-        raise Failure("cannot create release root %s: %s" % (root, exc.strerror), "root") from None
-
-
-def _disk_failure(root, exc, what):
-    if exc.errno == errno.ENOSPC:
-        st = os.statvfs(root)
-        free = st.f_bavail * st.f_frsize
-        return Failure("no space left on the release root %s while %s (%.1f MB free); nothing was switched"
-                       % (root, what, free / 1e6), "disk")
-    if exc.errno == errno.EDQUOT:
-        return Failure("disk quota exceeded on %s while %s; nothing was switched" % (root, what), "disk")
-    return Failure("%s failed on %s: %s (%s); nothing was switched"
-                   % (what, root, exc.strerror or exc, getattr(exc, "filename", "")), "io")
-
-
-def _has_baseline(root):
-    # the probe's generation baseline lives in the release root (probe.py: baseline_path); reported with the lock
-    # so a deploy learns whether it must record one without another round trip
-    return os.path.isfile(os.path.join(root, "probe-baseline.json"))
-
-
-# -- lock ----------------------------------------------------------------------------------------------------------------
-def lock(root, owner, break_lock=False):
-    """Take the per-host deploy lock, or report who holds it. ``owner`` describes the run (id, user, control host)."""
-    _ensure_root(root)
-    path = os.path.join(root, "lock")
-    record = dict(owner)
-    record.update({"taken": _now(), "host_boot_id": _boot_id()})
-    data = (_json.dumps(record, sort_keys=True) + "\n").encode()
-    broken = None
-    if break_lock:
-        try:
-            with open(path) as fh:
-                broken = _json.load(fh)
-        except (OSError, ValueError):
-            broken = None
-        _write_atomic(path, data)
-        _journal(root, "lock-broken", run=owner.get("run_id"), previous=broken)
-        return {"acquired": True, "broken": broken, "state": _load_state(root), "has_baseline": _has_baseline(root)}
-    # write the record under a private name, then hard-link it to `lock`: link() fails if `lock` exists, so taking
-    # the lock and its content appear at once (a rival never reads a half-written lock)
-    tmp = "%s.%d.%s" % (path, os.getpid(), owner.get("run_id", ""))
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        os.unlink(tmp)
-        try:
-            with open(path) as fh:
-                holder = _json.load(fh)
-        except (OSError, ValueError):
-            holder = {"unreadable": True}
-        rebooted = bool(holder.get("host_boot_id")) and holder.get("host_boot_id") != _boot_id()
-        return {"acquired": False, "holder": holder, "host_rebooted": rebooted}
-    os.unlink(tmp)
-    return {"acquired": True, "broken": None, "state": _load_state(root), "has_baseline": _has_baseline(root)}
-
-
-def unlock(root, run_id):
-    """Release the lock only if ``run_id`` holds it (a second run must never remove the first run's lock)."""
-    path = os.path.join(root, "lock")
-    try:
-        with open(path) as fh:
-            holder = _json.load(fh)
-    except FileNotFoundError:
-        return {"released": False, "reason": "no lock"}
-    except ValueError:
-        return {"released": False, "reason": "unreadable lock"}
-    if holder.get("run_id") != run_id:
-        return {"released": False, "reason": "held by %s" % holder.get("run_id")}
-    os.unlink(path)
-    return {"released": True}
+_server = _MODULES["server"]
+_probe = _MODULES["probe"]
 
 
 # -- build -----------------------------------------------------------------------------------------------------------
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _link_tree(src, dst, mode):
     """Copy ``src`` to ``dst`` as hard links (``mode`` "hardlink"), falling back to real copies across devices."""
     for dirpath, _dirnames, filenames in os.walk(src):
@@ -220,13 +76,56 @@ def _purge_pycache(path):
     return removed
 
 
-def build(root, site_packages, package, release_id, staging, files, meta, keep=5, and_switch=False):
+def _installed_version(site_packages, package):
+    for entry in sorted(os.listdir(site_packages)):
+        if entry.endswith(".dist-info") and entry.startswith(package + "-"):
+            try:
+                with open(os.path.join(site_packages, entry, "METADATA"), encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        if line.startswith("Version:"):
+                            return line.split(":", 1)[1].strip()
+                        if not line.strip():
+                            break
+            except OSError:
+                continue
+    return None
+
+
+def base_drift(site_packages, package, files, base_hashes, base_version=None):
+    """How the installed package differs from the snapshot the overlay was built from, for the files the overlay
+    writes: a replaced file whose sha256 is not the snapshot's, an added file that now exists, another installed
+    version. Empty when the overlay's base is what is installed."""
+    problems = []
+    installed = _installed_version(site_packages, package)
+    if base_version and installed and installed != base_version:
+        problems.append("%s %s is installed, the overlay was built for %s" % (package, installed, base_version))
+    for f in files:
+        path = os.path.join(site_packages, f["path"])
+        want = (base_hashes or {}).get(f["path"])
+        if f["action"] == "replace" and want:
+            try:
+                got = _sha256_file(path)
+            except OSError:
+                problems.append("%s: missing on the host" % f["path"])
+                continue
+            if got != want:
+                problems.append("%s: sha256 %s on the host, %s in the snapshot" % (f["path"], got[:12], want[:12]))
+        elif f["action"] == "add" and base_hashes is not None and os.path.lexists(path):
+            problems.append("%s: the overlay adds it, but the installed package now has it" % f["path"])
+    return problems
+
+
+def build(root, site_packages, package, release_id, staging, files, meta, keep=5, base_hashes=None,
+          allow_base_drift=False, fence=None):
     """Make ``releases/<release_id>`` from the installed package plus the staged overlay files; never switch.
 
     ``files``: [{path, sha256, mode, action}] relative to site-packages. Every staged file is verified against
-    its hash first (a cut or corrupted transfer fails here); a syntax error in a changed .py fails the build.
-    On any failure the partial release and the staging dir are removed and state.json is untouched.
-    """
+    its hash first (a cut or corrupted transfer fails here), then every installed file the overlay replaces against
+    ``base_hashes`` (the snapshot it was built from: drift is refused unless ``allow_base_drift``); a syntax error
+    in a changed .py fails the build. The release is committed (renamed into place, recorded in state.json) only
+    while run ``fence`` still holds the lock and its SSH session is alive: a build orphaned by a cut connection
+    removes its work instead. On any failure the partial release and the staging dir are removed and state.json is
+    untouched."""
     _ensure_root(root)
     installed = os.path.join(site_packages, package)
     if not os.path.isdir(installed):
@@ -236,17 +135,24 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
         raise Failure("release %s already exists on the host" % release_id, "exists")
     partial = os.path.join(root, "releases", ".partial-" + release_id)
     started = time.time()
-    _clean_stale(root, keep=os.path.basename(staging.rstrip("/")))
     mode = ["hardlink"]
+    drift = []
     try:
+        _fence(root, fence)
+        _clean_stale(root, keep=os.path.basename(staging.rstrip("/")))
         for f in files:
             staged = os.path.join(staging, f["path"])
             if not os.path.isfile(staged):
                 raise Failure("staged overlay file missing: %s (transfer incomplete?)" % f["path"], "transfer")
-            got = _sha256(staged)
+            got = _sha256_file(staged)
             if got != f["sha256"]:
                 raise Failure("staged overlay file %s has sha256 %s, expected %s (transfer corrupted)"
                               % (f["path"], got[:12], f["sha256"][:12]), "transfer")
+        drift = base_drift(site_packages, package, files, base_hashes, meta.get("base_version") if base_hashes is not None else None)
+        if drift and not allow_base_drift:
+            raise Failure("the installed %s changed since snapshot %s was taken (%d file(s) the overlay writes differ):\n  %s"
+                          % (package, meta.get("base_snapshot") or "?", len(drift), "\n  ".join(drift[:8])), "drift")
+        _fault_point(root, "build:verified")
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
         _link_tree(installed, os.path.join(partial, package), mode)
@@ -281,10 +187,31 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
         record.update({
             "id": release_id, "created": _now(), "package": package, "installed_from": installed,
             "link_mode": mode[0], "dist_info": dist_infos, "purged_pycache": purged,
-            "compiled_by": _sys.executable, "python": "%d.%d.%d" % _sys.version_info[:3],
+            "compiled_by": _sys.executable, "python": "%d.%d.%d" % _sys.version_info[:3], "base_drift": drift,
         })
         _write_atomic(os.path.join(partial, "RELEASE.json"), (_json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
-        os.rename(partial, final)
+        _fault_point(root, "build:linked")
+        with _OpLock(root):  # the commit: only for a run that still holds the lock and is still connected
+            if _control_lost():
+                raise Failure("the control side's connection was lost before release %s was committed; "
+                              "its files were removed" % release_id, "cut")
+            _fence(root, fence)
+            state = _load_state(root)
+            os.rename(partial, final)
+            state["releases"].append({"id": release_id, "created": record["created"], "status": "pushed", "run": meta.get("run_id"),
+                                      "patchset": meta.get("patchset"), "patchset_version": meta.get("patchset_version"),
+                                      "base_version": meta.get("base_version"), "overlay_digest": meta.get("overlay_digest")})
+            try:
+                _save_state(root, state)
+            except BaseException:
+                shutil.rmtree(final, ignore_errors=True)
+                raise
+            _journal(root, "push", release=release_id, run=meta.get("run_id"), by=meta.get("pushed_by"),
+                     patchset=meta.get("patchset"), patchset_version=meta.get("patchset_version"),
+                     base_version=meta.get("base_version"), base_snapshot=meta.get("base_snapshot"),
+                     digest=meta.get("overlay_digest"), link_mode=mode[0], abi_ignored=meta.get("abi_ignored"),
+                     base_drift=drift or None)
+        _fault_point(root, "build:committed")
     except Failure:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -293,20 +220,8 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
         raise _disk_failure(root, exc, "building release %s" % release_id) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    state = _load_state(root)
-    state["releases"].append({"id": release_id, "created": record["created"], "status": "pushed",
-                              "patchset": meta.get("patchset"), "patchset_version": meta.get("patchset_version"),
-                              "base_version": meta.get("base_version"), "overlay_digest": meta.get("overlay_digest")})
-    _save_state(root, state)
-    _journal(root, "push", release=release_id, run=meta.get("run_id"), by=meta.get("pushed_by"),
-             patchset=meta.get("patchset"), patchset_version=meta.get("patchset_version"),
-             base_version=meta.get("base_version"), base_snapshot=meta.get("base_snapshot"),
-             digest=meta.get("overlay_digest"), link_mode=mode[0], abi_ignored=meta.get("abi_ignored"))
-    switched = None
-    if and_switch:  # the caller's next step, done in this same round trip: the build above already succeeded
-        switched = switch(root, release_id, run_id=meta.get("run_id"), reason="deploy")
     return {"id": release_id, "path": final, "link_mode": mode[0], "seconds": round(time.time() - started, 3),
-            "files": len(files), "purged_pycache": purged, "switch": switched}
+            "files": len(files), "purged_pycache": purged, "base_drift": drift}
 
 
 def _clean_stale(root, keep):
@@ -328,74 +243,119 @@ def discard_staging(path):
 
 
 # -- switch, mark, state -------------------------------------------------------------------------------------------------
-def switch(root, release_id, run_id=None, reason="deploy", mark_bad=None, note=""):
+def switch(root, release_id, run_id=None, reason="deploy", mark_bad=None, note="", fence=None, probing=False):
     """Point ``current`` at ``releases/<release_id>`` (or at the empty ``base`` dir for None) atomically.
-    ``mark_bad``: a release to mark bad in the same step (the one a rollback leaves)."""
+    ``mark_bad``: a release to mark bad in the same step. ``probing``: the release has not passed its probe yet:
+    `pending` (with the release we leave as the safe one) is on disk before `current` moves."""
     _ensure_root(root)
-    if mark_bad:
-        mark(root, mark_bad, "bad", run_id, note)
-    state = _load_state(root)
-    if release_id is not None:
-        rel = _release(state, release_id)
-        if rel is None or not os.path.isdir(os.path.join(root, "releases", release_id)):
-            raise Failure("no release %s on this host (have: %s)"
-                          % (release_id, ", ".join(r["id"] for r in state["releases"]) or "none"), "missing")
-        target = os.path.join("releases", release_id)
-    else:
-        target = "base"
-    previous = state["active"]
-    prev_rel = _release(state, previous) if previous else None
-    current = os.path.join(root, "current")
-    tmp = os.path.join(root, ".current-%d" % os.getpid())
-    try:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(target, tmp)
-        os.replace(tmp, current)
-    except OSError as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise _disk_failure(root, exc, "switching current") from None
-    if previous != release_id:
-        # "previous good" is what we go back to when this release fails its probe: the release we leave if it
-        # was good (or the installed package), else whatever was previous good before it.
-        if previous is None or (prev_rel is not None and prev_rel.get("status") == "good"):
-            state["previous_good"] = previous
-    state["active"] = release_id
-    _save_state(root, state)
-    _journal(root, "switch", run=run_id, reason=reason, **{"from": previous, "to": release_id})
+    with _OpLock(root):
+        _fence(root, fence)
+        state = _load_state(root)
+        if mark_bad:
+            _set_status(state, mark_bad, "bad", note)
+        if release_id is not None:
+            rel = _release(state, release_id)
+            if rel is None or not os.path.isdir(os.path.join(root, "releases", release_id)):
+                raise Failure("no release %s on this host (have: %s)"
+                              % (release_id, ", ".join(r["id"] for r in state["releases"]) or "none"), "missing")
+        previous = state["active"]
+        prev_rel = _release(state, previous) if previous else None
+        if probing:
+            state["pending"] = {"release": release_id, "safe": previous, "run": run_id, "stage": "switched",
+                                "since": _now(), "server_touched": False, "reason": reason}
+            _set_status(state, release_id, "probing", "")
+            _save_state(root, state)  # the intent is on disk before `current` moves
+            _fault_point(root, "switch:pending")
+        target = _flip(root, release_id)
+        _fault_point(root, "switch:flipped")
+        if previous != release_id:
+            # "previous good" is what we go back to when this release fails its probe: the release we leave if it
+            # was good (or the installed package), else whatever was previous good before it.
+            if previous is None or (prev_rel is not None and prev_rel.get("status") == "good"):
+                state["previous_good"] = previous
+        state["active"] = release_id
+        _save_state(root, state)
+        _journal(root, "switch", run=run_id, reason=reason, **{"from": previous, "to": release_id})
+        if mark_bad:
+            _journal(root, "mark", run=run_id, release=mark_bad, status="bad", note=note)
     return {"from": previous, "to": release_id, "previous_good": state["previous_good"], "target": target}
 
 
-def mark(root, release_id, status, run_id=None, note=""):
+def roll_back(root, target, failed=None, run_id=None, note="", spec=None, fence=None, failed_status="bad"):
+    """Op: back to ``target`` (None: the installed package), marking ``failed``; restart the server there when
+    ``spec`` is given. `pending` names ``target`` until the caller's probe verdict (finish)."""
+    _ensure_root(root)
+    with _OpLock(root):
+        _fence(root, fence)
+        return _roll_back_steps(root, run_id, target, failed, failed_status, note, spec)
+
+
+def reconcile(root, run_id, why, guard=None, fence=None):
+    """Op: settle a pending switch left by a run that is gone (the guardian could not: a reboot, a killed holder)."""
+    with _OpLock(root):
+        _fence(root, fence)
+        pend = _load_state(root).get("pending")
+        if not pend:
+            return {"action": "none"}
+        out = _settle(root, pend.get("run") or run_id, why, guard, by="run %s" % run_id)
+        return dict(out, pending=pend)
+
+
+def server_action(root, spec, action, release=None, ddtree=True, fence=None):
+    """Op: start | stop | restart the server (server.control) as a step of run ``fence``. Inside a pending switch
+    the switch records that the server was touched, so an interruption restarts it on the safe release."""
+    with _OpLock(root):
+        rec = _fence(root, fence)
+        if rec is not None:
+            state = _load_state(root)
+            pend = state.get("pending")
+            if pend and pend.get("run") == fence:
+                pend.update(server_touched=True, stage="restarting" if action != "stop" else "stopping")
+                _save_state(root, state)
+            elif not rec.get("server_touched"):
+                rec["server_touched"] = True
+                _write_atomic(_lock_path(root), (_json.dumps(rec, sort_keys=True) + "\n").encode())
+        _fault_point(root, "server:" + action)
+        res = _server.control(root, spec, action, release, ddtree)
+        if rec is not None:
+            state = _load_state(root)
+            pend = state.get("pending")
+            if pend and pend.get("run") == fence and action != "stop":
+                pend["stage"] = "probing"
+                _save_state(root, state)
+        return res
+
+
+def mark(root, release_id, status, run_id=None, note="", fence=None):
     """Record a probe verdict: status "good" or "bad" (bad releases are never chosen as rollback targets)."""
-    state = _load_state(root)
-    rel = _release(state, release_id)
-    if rel is None:
-        raise Failure("no release %s on this host" % release_id, "missing")
-    rel["status"] = status
-    if note:
-        rel["note"] = note
-    if status == "bad" and release_id not in state["bad"]:
-        state["bad"].append(release_id)
-    if status == "good" and release_id in state["bad"]:
-        state["bad"].remove(release_id)
-    _save_state(root, state)
-    _journal(root, "mark", run=run_id, release=release_id, status=status, note=note)
+    with _OpLock(root):
+        _fence(root, fence)
+        state = _load_state(root)
+        rel = _set_status(state, release_id, status, note)
+        _save_state(root, state)
+        _journal(root, "mark", run=run_id, release=release_id, status=status, note=note)
     return rel
 
 
-def finish(root, release_id, status, keep, run_id, event, fields, note="", release_lock=False):
-    """End of a run in one round trip: record the verdict on ``release_id`` (if any), prune old releases, journal,
-    and (with ``release_lock``) give up the lock if this run holds it."""
-    if release_id and status:
-        mark(root, release_id, status, run_id, note)
-    removed = cleanup(root, keep, run_id)["removed"]
-    entry = dict(fields)
-    entry["run"] = run_id
-    _journal(root, event, **entry)
-    unlocked = unlock(root, run_id) if release_lock else None
-    return {"removed": removed, "unlocked": unlocked}
+def finish(root, release_id, status, keep, run_id, event, fields, note="", fence=None):
+    """End of a run's transaction in one round trip: the verdict on ``release_id`` (if any), the pending switch
+    cleared, old releases pruned, a journal line. The lock is released by the run's holder afterwards."""
+    with _OpLock(root):
+        _fence(root, fence)
+        _fault_point(root, "finish:start")
+        state = _load_state(root)
+        if release_id and status:
+            _set_status(state, release_id, status, note)
+            _journal(root, "mark", run=run_id, release=release_id, status=status, note=note)
+        pend = state.get("pending")
+        if pend and (pend.get("run") == run_id or pend.get("release") == release_id):
+            state["pending"] = None
+        _save_state(root, state)
+        removed = _cleanup(root, keep, run_id)
+        entry = dict(fields)
+        entry["run"] = run_id
+        _journal(root, event, **entry)
+    return {"removed": removed}
 
 
 def journal(root, event, fields):
@@ -405,14 +365,9 @@ def journal(root, event, fields):
 
 
 def show(root, journal_lines=0):
-    """State, the `current` link, the lock and (optionally) the journal tail."""
+    """State, the `current` link, the lock (and whether its holder lives) and (optionally) the journal tail."""
     state = _load_state(root)
-    lock_info = None
-    try:
-        with open(os.path.join(root, "lock")) as fh:
-            lock_info = _json.load(fh)
-    except (OSError, ValueError):
-        lock_info = None
+    lock_info = _read_lock(root)
     for rel in state["releases"]:
         rel["exists"] = os.path.isdir(os.path.join(root, "releases", rel["id"]))
     lines = []
@@ -423,7 +378,7 @@ def show(root, journal_lines=0):
         except OSError:
             lines = []
     return {"root": root, "state": state, "current": _current_target(root), "lock": lock_info,
-            "boot_id": _boot_id(), "journal": lines, "root_exists": os.path.isdir(root)}
+            "lock_state": _lock_state(lock_info), "boot_id": _boot_id(), "journal": lines, "root_exists": os.path.isdir(root)}
 
 
 def read_release(root, release_id):
@@ -431,10 +386,9 @@ def read_release(root, release_id):
         return _json.load(fh)
 
 
-def cleanup(root, keep, run_id=None):
-    """Keep the newest ``keep`` releases; never remove the active one or the rollback target."""
+def _cleanup(root, keep, run_id=None):
     state = _load_state(root)
-    protected = {state["active"], state["previous_good"]}
+    protected = {state["active"], state["previous_good"], (state.get("pending") or {}).get("release")}
     ordered = list(state["releases"])
     removable = [r for r in ordered if r["id"] not in protected]
     excess = len(ordered) - keep
@@ -451,7 +405,14 @@ def cleanup(root, keep, run_id=None):
     if removed:
         _save_state(root, state)
         _journal(root, "cleanup", run=run_id, removed=removed)
-    return {"removed": removed}
+    return removed
+
+
+def cleanup(root, keep, run_id=None, fence=None):
+    """Keep the newest ``keep`` releases; never remove the active one, the rollback target or a pending one."""
+    with _OpLock(root):
+        _fence(root, fence)
+        return {"removed": _cleanup(root, keep, run_id)}
 
 
 def package_manifest(site_packages, package):
@@ -463,13 +424,13 @@ def package_manifest(site_packages, package):
         for name in sorted(filenames):
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
-            out[os.path.relpath(path, site_packages)] = [_sha256(path) if stat.S_ISREG(st.st_mode) else "link",
+            out[os.path.relpath(path, site_packages)] = [_sha256_file(path) if stat.S_ISREG(st.st_mode) else "link",
                                                         st.st_size, st.st_mode, int(st.st_mtime)]
     return out
 
 
 OPS = {
-    "lock": lock, "unlock": unlock, "build": build, "discard_staging": discard_staging,
-    "switch": switch, "mark": mark, "finish": finish, "journal": journal, "show": show, "read_release": read_release,
-    "cleanup": cleanup, "package_manifest": package_manifest,
+    "hold": hold, "build": build, "discard_staging": discard_staging, "switch": switch, "roll_back": roll_back,
+    "reconcile": reconcile, "server_action": server_action, "mark": mark, "finish": finish, "journal": journal,
+    "show": show, "read_release": read_release, "cleanup": cleanup, "package_manifest": package_manifest,
 }

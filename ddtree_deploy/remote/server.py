@@ -1,8 +1,13 @@
-# ruff: noqa: F821  (Failure, _json and _sys come from _frame.py, which is glued in front of this program)
+# ruff: noqa: F821  (Failure, _json, _sys and the _-helpers come from _frame.py, which is glued in front of this program)
 # Server lifecycle on the host: a managed process (setsid, pid file, log under the release root) or a systemd
 # unit with a drop-in. Stdlib only. The pid file records the process start time too, so a recycled pid is never
 # mistaken for our server and never signalled.
+#
+# `control(root, spec, action, release, ddtree)` is the one entry the deploy transaction uses (release.py calls it
+# under the host lock, and so does its guardian when it rolls a host back on its own); `spec` is what the host file
+# says about the server (kind, both launch commands, env, unit, drop-ins, become), built by server.server_spec().
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -11,17 +16,6 @@ import time
 def _paths(root):
     d = os.path.join(root, "server")
     return d, os.path.join(d, "server.pid"), os.path.join(d, "server.log")
-
-
-def _start_ticks(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])  # field 22 of stat: start time in clock ticks since boot
 
 
 def _read_pid(pid_file):
@@ -33,10 +27,7 @@ def _read_pid(pid_file):
 
 
 def _alive(record):
-    if not record or not isinstance(record.get("pid"), int):
-        return False
-    ticks = _start_ticks(record["pid"])
-    return ticks is not None and ticks == record.get("start_ticks")
+    return bool(record) and _proc_alive(record.get("pid"), record.get("start_ticks"))
 
 
 def _tail(path, lines, offset=0):
@@ -52,14 +43,38 @@ def _tail(path, lines, offset=0):
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
-def start(root, command, env, release=None):
-    """Start ``command`` in its own session with the server environment; stdout+stderr go to the log."""
+def foreign_listener(port, wait=0.0):
+    """The process holding ``port``, described for a message; None when the port is free. ``wait``: give a port
+    that is being let go (a server we just stopped, still closing its socket) that long to become free."""
+    deadline = time.time() + wait
+    while True:
+        owner = _port_listener(port)
+        if owner is None:
+            return None
+        if time.time() >= deadline:
+            break
+        time.sleep(0.05)
+    if owner.get("pid"):
+        return "pid %d (%s)" % (owner["pid"], owner.get("cmdline") or "?")
+    return "a process this user cannot see"
+
+
+def start(root, command, env, release=None, port=None):
+    """Start ``command`` in its own session with the server environment; stdout+stderr go to the log.
+
+    Refuses when our server already runs, and when another process (one we did not start) already listens on
+    ``port``: the new server would die on "Address already in use" while the old one kept answering /health."""
     d, pid_file, log_file = _paths(root)
     os.makedirs(d, exist_ok=True)
     record = _read_pid(pid_file)
     if _alive(record):
         raise Failure("server already running (pid %d, started %s); stop it first" % (record["pid"], record.get("started")),
                       "running")
+    if port:
+        other = foreign_listener(port, wait=3.0)
+        if other:
+            raise Failure("port %s is already in use by %s, a server ddtree-deploy did not start (no live pid file in "
+                          "%s); stop it (or change server.port) before starting the server" % (port, other, d), "port-in-use")
     if os.path.exists(log_file):
         os.replace(log_file, log_file + ".1")  # the probe reads only this run's log
     log = open(log_file, "ab")
@@ -73,16 +88,13 @@ def start(root, command, env, release=None):
         log.close()
     ticks = None
     for _ in range(50):
-        ticks = _start_ticks(proc.pid)
+        ticks = _proc_start_ticks(proc.pid)
         if ticks is not None:
             break
         time.sleep(0.002)
     record = {"pid": proc.pid, "start_ticks": ticks, "release": release, "command": command,
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "started_epoch": time.time()}
-    tmp = pid_file + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(_json.dumps(record))
-    os.replace(tmp, pid_file)
+              "started": _now(), "started_epoch": time.time()}
+    _write_atomic(pid_file, _json.dumps(record).encode())
     return {"pid": proc.pid, "log": log_file, "pid_file": pid_file, "start_ticks": ticks}
 
 
@@ -117,20 +129,22 @@ def stop(root, wait=20.0):
     return {"was_running": True, "pid": pid, "signal": sig_used, "seconds": round(time.time() - t0, 3)}
 
 
-def restart(root, command, env, release=None, wait=20.0):
+def restart(root, command, env, release=None, wait=20.0, port=None):
     """stop + start in one round trip."""
     stopped = stop(root, wait)
-    started = start(root, command, env, release)
+    started = start(root, command, env, release, port)
     return {"stopped": stopped, "started": started}
 
 
-def status(root, lines=0):
+def status(root, lines=0, port=None):
     d, pid_file, log_file = _paths(root)
     record = _read_pid(pid_file)
     alive = _alive(record)
     out = {"running": alive, "pid": record.get("pid") if record else None, "release": record.get("release") if record else None,
            "started": record.get("started") if record else None, "log": log_file, "pid_file": pid_file,
            "uptime": round(time.time() - record["started_epoch"], 1) if alive and record.get("started_epoch") else None}
+    if port and not alive:
+        out["foreign"] = foreign_listener(port)
     if lines:
         out["log_tail"] = _tail(log_file, lines)
     return out
@@ -142,13 +156,33 @@ def logs(root, lines=100, previous=False):
 
 
 # -- systemd ---------------------------------------------------------------------------------------------------------------
-def _systemctl(*args):
-    proc = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    return proc.returncode, proc.stdout.decode("utf-8", "replace")
+def _become(become):
+    """The privilege-escalation prefix the host file asks for ("" for none): a list of argv words."""
+    return shlex.split(become) if become else []
 
 
-def systemd_dropin(unit, content, unit_dir="/etc/systemd/system", reload=True):
-    """Write ``<unit>.d/50-ddtree.conf`` atomically (only if it changed), then `systemctl daemon-reload`."""
+def _run(argv, become="", data=None):
+    """Run ``argv`` (with the become prefix); (exit code, output). A become that cannot run is a clear Failure."""
+    full = _become(become) + list(argv)
+    try:
+        proc = subprocess.run(full, input=data, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        raise Failure("cannot run %s: %s" % (full[0], exc.strerror or exc), "systemd") from None
+    text = proc.stdout.decode("utf-8", "replace")
+    if become and proc.returncode != 0 and ("password is required" in text or "a terminal is required" in text
+                                            or "not allowed" in text or "not in the sudoers" in text):
+        raise Failure("`%s %s` was refused: %s (server.become needs passwordless rights for systemctl, journalctl "
+                      "and writing the drop-in)" % (become, " ".join(argv[:2]), text.strip()[-300:]), "become")
+    return proc.returncode, text
+
+
+def _systemctl(*args, become=""):
+    return _run(["systemctl"] + list(args), become)
+
+
+def systemd_dropin(unit, content, unit_dir="/etc/systemd/system", reload=True, become=""):
+    """Write ``<unit>.d/50-ddtree.conf`` atomically (only if it changed), then `systemctl daemon-reload`.
+    With ``become`` the write runs through it too (the drop-in directory is root's)."""
     d = os.path.join(unit_dir, unit + ".d")
     path = os.path.join(d, "50-ddtree.conf")
     try:
@@ -157,44 +191,76 @@ def systemd_dropin(unit, content, unit_dir="/etc/systemd/system", reload=True):
                 return {"path": path, "changed": False}
     except OSError:
         pass
-    os.makedirs(d, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(content)
-    os.replace(tmp, path)
+    if become:
+        script = 'mkdir -p "$1" && cat > "$2.tmp" && mv -f "$2.tmp" "$2"'
+        code, out = _run(["sh", "-c", script, "sh", d, path], become, data=content.encode())
+        if code != 0:
+            raise Failure("writing %s through `%s` failed (%d): %s" % (path, become, code, out.strip()[-500:]), "systemd")
+    else:
+        try:
+            os.makedirs(d, exist_ok=True)
+            _write_atomic(path, content.encode())
+        except PermissionError:
+            raise Failure("cannot write %s as %s: permission denied (set server.become: sudo in the host file)"
+                          % (path, os.environ.get("USER", "this user")), "become") from None
     if reload:
-        code, out = _systemctl("daemon-reload")
+        code, out = _systemctl("daemon-reload", become=become)
         if code != 0:
             raise Failure("systemctl daemon-reload failed: %s" % out.strip(), "systemd")
     return {"path": path, "changed": True}
 
 
-def systemd(unit, action, timeout=60.0):
+def systemd(unit, action, timeout=60.0, become=""):
     if action not in ("start", "stop", "restart"):
         raise Failure("unknown systemd action %r" % action, "usage")
-    code, out = _systemctl(action, unit)
+    code, out = _systemctl(action, unit, become=become)
     if code != 0:
         raise Failure("systemctl %s %s failed (%d): %s" % (action, unit, code, out.strip()[-2000:]), "systemd")
     return {"unit": unit, "action": action}
 
 
-def systemd_status(unit, lines=0):
+def systemd_status(unit, lines=0, become=""):
     code, out = _systemctl("show", unit, "-p", "MainPID", "-p", "ActiveState", "-p", "SubState",
-                           "-p", "ExecMainStartTimestamp", "-p", "ExecMainStatus")
+                           "-p", "ExecMainStartTimestamp", "-p", "ExecMainStatus", become=become)
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     pid = int(props.get("MainPID") or 0)
     res = {"running": props.get("ActiveState") == "active" and pid > 0, "pid": pid or None, "unit": unit,
            "state": "%s/%s" % (props.get("ActiveState"), props.get("SubState")), "started": props.get("ExecMainStartTimestamp")}
     if lines:
-        res["log_tail"] = systemd_logs(unit, lines)["text"]
+        res["log_tail"] = systemd_logs(unit, lines, become)["text"]
     return res
 
 
-def systemd_logs(unit, lines=100):
-    proc = subprocess.run(["journalctl", "-u", unit, "-n", str(int(lines)), "--no-pager", "-o", "cat"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    return {"log": "journalctl -u %s" % unit, "text": proc.stdout.decode("utf-8", "replace")}
+def systemd_logs(unit, lines=100, become=""):
+    code, out = _run(["journalctl", "-u", unit, "-n", str(int(lines)), "--no-pager", "-o", "cat"], become)
+    return {"log": "journalctl -u %s" % unit, "text": out}
+
+
+# -- the one entry of the deploy transaction --------------------------------------------------------------------------------
+def control(root, spec, action, release=None, ddtree=True):
+    """``action`` (start | stop | restart) on the host's server as ``spec`` says, on ``release`` with DDTree flags
+    on or off. Managed: our own process; systemd: the drop-in for that mode (rewritten only when it changes), then
+    systemctl."""
+    if spec.get("kind") == "systemd":
+        if action != "stop":
+            systemd_dropin(spec["unit"], spec["dropin_on" if ddtree else "dropin_off"], spec.get("unit_dir") or "/etc/systemd/system",
+                           become=spec.get("become", ""))
+        return systemd(spec["unit"], action, become=spec.get("become", ""))
+    wait = float(spec.get("stop_timeout", 20.0))
+    command = spec["command_on" if ddtree else "command_off"]
+    if action == "stop":
+        return stop(root, wait)
+    if action == "start":
+        return start(root, command, spec.get("env") or {}, release, spec.get("port"))
+    return restart(root, command, spec.get("env") or {}, release, wait, spec.get("port"))
+
+
+def running(root, spec):
+    """Whether the host's server runs (managed: our pid file's process; systemd: the unit)."""
+    if spec.get("kind") == "systemd":
+        return systemd_status(spec["unit"], become=spec.get("become", ""))["running"]
+    return _alive(_read_pid(_paths(root)[1]))
 
 
 OPS = {"start": start, "stop": stop, "restart": restart, "status": status, "logs": logs, "systemd_dropin": systemd_dropin,
-       "systemd": systemd, "systemd_status": systemd_status, "systemd_logs": systemd_logs}
+       "systemd": systemd, "systemd_status": systemd_status, "systemd_logs": systemd_logs, "control": control}

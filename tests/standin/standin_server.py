@@ -2,7 +2,8 @@
 
 Stdlib only; copied onto sandbox hosts and started as the host's server command. Its behaviour comes from the
 release it runs from, so a "bad release" really is bad and rolling back really fixes it: the mode is read from
-``<sglang package>/standin_mode`` (found with find_spec, like the real runtime loader), overridden by the
+``<sglang package>/standin_mode`` (found with find_spec, like the real runtime loader) or from ``standin_mode``
+in the release's DDTree runtime directory (so a patch set's vendored runtime can carry it), overridden by the
 ``STANDIN_MODE`` environment variable. Modes:
 
   ok            /health 200 after ``--ready-after`` seconds; /generate answers deterministically from the prompt
@@ -11,6 +12,9 @@ release it runs from, so a "bad release" really is bad and rolling back really f
   hang          binds the port but /health answers 503 forever
   traceback     like hang, and logs a traceback (a crashed worker behind a live front end)
   wrong-output  like ok, but the last generated token is changed
+  wedge         logs its start line, then nothing: no port, no /health (a start that is stuck)
+  slowload      logs "loading shard i/N" every 0.3 s for ``--load-seconds`` (default 3), then serves like ok: a
+                long start that keeps making progress
 
 Every exit writes ``standin: exit at <epoch seconds>`` to stderr so benchmarks can time detection from the exit.
 """
@@ -41,6 +45,11 @@ def _mode_and_runtime():
         rdir = os.path.join(pkg, "srt", "speculative", "ddtree")
         if os.path.isfile(os.path.join(rdir, "__init__.py")):
             runtime = os.path.realpath(rdir)
+            try:
+                with open(os.path.join(rdir, "standin_mode")) as fh:
+                    mode = fh.read().strip() or mode
+            except OSError:
+                pass
     return os.environ.get("STANDIN_MODE", mode), runtime
 
 
@@ -67,6 +76,7 @@ def main():
     p.add_argument("--ddtree-budget", type=int, default=16)
     p.add_argument("--ready-after", type=float, default=0.2)
     p.add_argument("--crash-after", type=float, default=0.3)
+    p.add_argument("--load-seconds", type=float, default=3.0)
     args, _ = p.parse_known_args()
     mode, runtime = _mode_and_runtime()
     spec_on = args.speculative_algorithm.upper() != "NONE"
@@ -81,6 +91,15 @@ def main():
                 traceback.print_exc()
             _exit(1)
         _exit(3)
+    if mode == "wedge":
+        while True:
+            time.sleep(3600)
+    if mode == "slowload":
+        shards = max(1, int(args.load_seconds / 0.3))
+        for i in range(shards):
+            sys.stderr.write("standin: loading shard %d/%d\n" % (i + 1, shards))
+            sys.stderr.flush()
+            time.sleep(0.3)
     if mode == "traceback":
         time.sleep(args.crash_after)
         try:

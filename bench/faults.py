@@ -1,0 +1,678 @@
+"""Fault injection against a real sandbox host: does the deploy transaction hold under cuts, Ctrl-C, kill -9, a full
+disk, concurrent commands, a server that crashes, exits or wedges at start, and a corrupted snapshot store?
+
+Every trial drives the real command line (``python -m ddtree_deploy apply ...``) against a sandbox host whose server
+is the reference engine (real decoding on the overlay's own DDTree runtime), injects one fault, and then checks:
+
+  package   the installed sglang is byte-identical to before the suite
+  state     nothing is pending; `current` is the active release, which is good (the last good one, or the new one
+            when the faulted run got to its verdict)
+  serving   `ddtree-deploy probe` passes on the host (the server runs the active release and decodes it correctly)
+  lock      the host lock is free, with no stray lock/staging/partial files
+  rerun     the same command run again succeeds
+
+A trial "held" when every check passed. Faults:
+
+  cut-push      SIGKILL of the host's per-connection sshd while the release is being built (.partial-* exists)
+  cut-<point>   the same at other points of push, switch, restart, probe and finish (host-side fault points pause
+                the remote step there; time points follow the CLI's progress lines)
+  sigint-/sigkill-<stage>   SIGINT / SIGKILL of the CLI at each stage
+  disk-<size>   the release root (a tmpfs in the host's mount namespace) full but for <size> bytes
+  apply+apply, apply+stop   a second apply, or `server stop`, while an apply probes
+  crash/exit/hang-start     a release whose server crashes (traceback), exits silently, or wedges at start
+  corrupt-blob  a blob of the snapshot store corrupted before apply
+
+Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json.
+The test suite runs a short form (tests/test_faults.py, one trial of a selection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the tests' host-file helper
+
+from ddtree_deploy.inventory import Host, load_host_file  # noqa: E402
+from ddtree_deploy.release import ReleaseManager  # noqa: E402
+from ddtree_deploy.sandbox import DEFAULT_HOSTS, Sandbox, SandboxHost, _free_port  # noqa: E402
+from ddtree_deploy.transport import HostConnection  # noqa: E402
+from standin.helpers import write_host_yaml  # noqa: E402
+
+HOST_ROOT = "/srv/ddtree-host"
+#: The tool's own stderr lines that mark a stage, for faults timed from the outside.
+LINES = {"push": "pushing ", "switched": "switched current", "restart": "restarting the server on",
+         "startup": "probe stage startup", "generation": "probe stage generation", "plan": "applying patch set"}
+#: Faulty runtimes: appended to the vendored DDTree runtime's __init__.py; they fire only inside the server (the
+#: reference engine), not in the probe's own import of the runtime, so they fail at start like a broken release.
+#: The same faults for the test stand-in server (tests/standin), read from a file the runtime carries.
+STANDIN_MODES = {"crash": "crash", "exit": "exit", "hang": "wedge"}
+VARIANTS = {
+    "a": "# fault suite: variant a\n",
+    "b": "# fault suite: variant b\n",
+    "crash": "import sys as _s\nif 'ddtree_refengine' in _s.modules:\n    raise RuntimeError('fault suite: scripted crash at start')\n",
+    "exit": "import sys as _s, os as _o\nif 'ddtree_refengine' in _s.modules:\n    _o._exit(3)\n",
+    "hang": "import sys as _s, time as _t\nif 'ddtree_refengine' in _s.modules:\n    _t.sleep(10 ** 6)\n",
+}
+
+
+@dataclass
+class Trial:
+    case: str
+    point: str
+    held: bool
+    checks: dict[str, bool]
+    exit_code: int | None
+    seconds: float
+    message: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Cli:
+    """One run of the command line, its stderr read line by line (so faults can follow its progress)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "ddtree_deploy", *args], cwd=REPO, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: list[str] = []
+        self.out = ""
+        self._seen = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._out = threading.Thread(target=self._read_out, daemon=True)
+        self._out.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        self.out = self.proc.stdout.read()
+
+    def wait_line(self, text: str, timeout: float = 120.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while not any(text in ln for ln in self.lines):
+                if self.proc.poll() is not None and not self._reader.is_alive():
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._seen.wait(min(left, 0.05))
+        return True
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def finish(self, timeout: float = 240.0) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+            self.lines.append(f"[fault suite: killed after {timeout:g} s]\n")
+        self._reader.join(5)
+        self._out.join(5)
+        return code
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines) + self.out
+
+
+class FaultBench:
+    """The suite's host (a copy of the sandbox base host with its own release root and server port) and its faults."""
+
+    def __init__(self, sandbox_host: SandboxHost, base: Host, work: Path, log: Callable[[str], None] = print,
+                 engine: str = "refengine") -> None:
+        """``engine``: the server the host runs: "refengine" (the reference engine: real decoding with the overlay's
+        runtime; `make faults`) or "standin" (tests/standin: starts in a fraction of the time; the short form)."""
+        self.sbox, self.work, self.log, self.engine = sandbox_host, Path(work), log, engine
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.inventory = self.work / "hosts"
+        if engine == "standin":
+            from standin.helpers import STANDIN_PATH, install_standin
+
+            install_standin(base)
+            base = dataclasses.replace(base, server=dict(
+                base.server, command="{python} " + STANDIN_PATH + " --host {host} --port {port} {ddtree_flags}"))
+        self.stall = 2.0 if engine == "standin" else 6.0  # the stand-in logs its start at once: 2 s of silence is a wedge
+        self.host = self._host(base, "faults", _free_port(exclude={sandbox_host.server_port, sandbox_host.ssh_port}))
+        self.env = {**os.environ, "DDTREE_INVENTORY": str(self.inventory), "DDTREE_SNAPSHOTS": str(self.work / "snapshots"),
+                    "COLUMNS": "200", "PYTHONUNBUFFERED": "1", "DDTREE_LEASE_TIMEOUT": "20"}
+        self.patchsets = {name: self._variant(name, code) for name, code in VARIANTS.items()}
+        self.manifest: dict[str, Any] | None = None
+        self.digests: dict[str, str] = {}  # overlay digest -> variant
+
+    # -- setup -------------------------------------------------------------------------------------------------------
+    def _host(self, base: Host, name: str, port: int, root: str | None = None) -> Host:
+        host = dataclasses.replace(
+            base, name=name, release_root=root or f"{HOST_ROOT}/{name}",
+            server=dict(base.server, port=port, stop_timeout=10.0),
+            probe=dict(base.probe, startup_timeout=60.0, startup_stall_timeout=self.stall, generation_timeout=60.0))
+        path = write_host_yaml(host, self.inventory)
+        return load_host_file(path)
+
+    def _variant(self, name: str, code: str) -> Path:
+        dest = self.work / "patches" / name
+        if not dest.exists():
+            shutil.copytree(REPO / "patches" / "ddtree" / "runtime", dest / "runtime")
+            shutil.copytree(REPO / "patches" / "ddtree" / "sglang-0.5.11", dest / "sglang-0.5.11")
+            init = dest / "runtime" / "__init__.py"
+            init.write_text(init.read_text() + "\n" + code)
+            if name in STANDIN_MODES:
+                (dest / "runtime" / "standin_mode").write_text(STANDIN_MODES[name])
+        return dest / "sglang-0.5.11"
+
+    def cli(self, *args: str, host: Host | None = None) -> Cli:
+        return Cli([*args], self.env)
+
+    def apply(self, variant: str, *extra: str, host: Host | None = None) -> Cli:
+        h = host or self.host
+        return self.cli("apply", "--host", h.name, "--patchset", str(self.patchsets[variant]), *extra)
+
+    def setup(self) -> None:
+        """A fresh release root with one good release (variant a), and the installed package recorded."""
+        self._remove_root(self.host)
+        run = self.apply("a")
+        code = run.finish()
+        if code != 0:
+            raise RuntimeError(f"fault suite setup: the first apply failed ({code}):\n{run.text[-3000:]}")
+        with HostConnection(self.host) as conn:
+            self.manifest = ReleaseManager(conn).installed_manifest()
+        from ddtree_deploy.patchset import SnapshotBase, build_overlay, load_patchset
+        from ddtree_deploy.snapshot import SnapshotStore
+
+        store = SnapshotStore(Path(self.env["DDTREE_SNAPSHOTS"]))
+        base = SnapshotBase(store.latest(self.host.name), store=store)
+        for name, path in self.patchsets.items():
+            self.digests[build_overlay(load_patchset(path), base).digest] = name
+
+    def teardown(self) -> None:
+        self._remove_root(self.host)
+
+    def _remove_root(self, host: Host) -> None:
+        with HostConnection(host) as conn:
+            from ddtree_deploy.server import ServerControl
+
+            ServerControl(conn).stop()
+            conn.run(f"umount {host.release_root} 2>/dev/null; rm -rf {host.release_root}", check=False)
+
+    # -- observing the host -------------------------------------------------------------------------------------------
+    def show(self, host: Host | None = None) -> dict[str, Any]:
+        with HostConnection(host or self.host) as conn:
+            return ReleaseManager(conn).show(journal_lines=30)
+
+    def active_variant(self, host: Host | None = None) -> str:
+        info = self.show(host)
+        active = info["state"]["active"]
+        rel = next((r for r in info["state"]["releases"] if r["id"] == active), {})
+        return self.digests.get(rel.get("overlay_digest", ""), "a")
+
+    def next_variant(self, host: Host | None = None) -> str:
+        return "b" if self.active_variant(host) == "a" else "a"
+
+    def wait_unlocked(self, host: Host | None = None, timeout: float = 120.0) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            try:
+                if self.show(host)["lock"] is None:
+                    return time.monotonic() - t0
+            except Exception:
+                pass
+            time.sleep(0.2)
+        return -1.0
+
+    def strays(self, host: Host | None = None) -> list[str]:
+        """Files a run must never leave behind: lock temporaries, half-built releases, staging dirs, temp links."""
+        h = host or self.host
+        with HostConnection(h) as conn:
+            r = conn.run(f"cd {h.release_root} && find . -maxdepth 2 \\( -name 'lock.*' -o -name '.partial-*' "
+                         f"-o -name '.current-*' -o -name '*.tmp-*' -o -path './staging/*' \\) -print", check=False)
+        return r.text().split()
+
+    # -- faults --------------------------------------------------------------------------------------------------------
+    def cut(self) -> int:
+        """SIGKILL every per-connection sshd of the host (the children of its listener): every connection dies."""
+        kids = subprocess.run(["pgrep", "-P", str(self.sbox.pid)], capture_output=True, text=True).stdout.split()
+        for pid in kids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        return len(kids)
+
+    def pause_at(self, point: str, host: Host | None = None) -> None:
+        h = host or self.host
+        with HostConnection(h) as conn:
+            conn.run(f"echo '[\"{point}\"]' > {h.release_root}/.fault-points")
+
+    def wait_paused(self, timeout: float = 60.0, host: Host | None = None) -> bool:
+        """Wait until the host's remote step reached the paused point (the file lives on the host's private tree,
+        seen here through the sandbox's directory)."""
+        h = host or self.host
+        reached = self.sbox.fs / Path(h.release_root).relative_to(HOST_ROOT) / ".fault-reached"
+        deadline = time.monotonic() + timeout
+        while not reached.exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def resume(self, host: Host | None = None) -> None:
+        h = host or self.host
+        local = self.sbox.fs / Path(h.release_root).relative_to(HOST_ROOT)
+        (local / ".fault-points").unlink(missing_ok=True)
+        (local / ".fault-reached").unlink(missing_ok=True)
+
+    # -- checks --------------------------------------------------------------------------------------------------------
+    def check(self, before: str | None, known_before: set[str], host: Host | None = None, *,
+              rerun: Callable[[], Cli] | None = None, probe: bool = True) -> tuple[dict[str, bool], dict[str, Any]]:
+        h = host or self.host
+        notes: dict[str, Any] = {}
+        settle = self.wait_unlocked(h)
+        notes["settle_s"] = round(settle, 2)
+        info = self.show(h)
+        st = info["state"]
+        active = st["active"]
+        rel = next((r for r in st["releases"] if r["id"] == active), None)
+        link = info["current"]
+        expect_link = f"releases/{active}" if active else "base"
+        checks = {
+            "lock": info["lock"] is None and not self.strays(h),
+            # the last good release, or the new one when its verdict (good) was recorded before the fault hit
+            "state": (st.get("pending") is None and link == expect_link
+                      and (active is None or (rel is not None and rel.get("status") == "good"))
+                      and (active == before or active not in known_before)),
+        }
+        notes.update(active=active, before=before, strays=self.strays(h))
+        with HostConnection(h) as conn:
+            checks["package"] = ReleaseManager(conn).installed_manifest() == self.manifest
+        if probe:  # what `ddtree-deploy probe` runs, in this process (no start-up cost per trial)
+            from ddtree_deploy.probe import Prober
+
+            with HostConnection(h) as conn:
+                result = Prober(conn).run(active)
+            checks["serving"] = result.ok
+            if not result.ok:
+                notes["probe"] = json.dumps(result.to_dict(), default=str)[-1500:]
+        if rerun is not None:
+            again = rerun()
+            code = again.finish()
+            checks["rerun"] = code == 0 and self.wait_unlocked(h, 30) >= 0
+            if code != 0:
+                notes["rerun"] = again.text[-1500:]
+        return checks, notes
+
+    def trial(self, case: str, point: str, fault: Callable[[], tuple[int | None, str, bool]], *,
+              host: Host | None = None, rerun: Callable[[], Cli] | None = None, probe: bool = True) -> Trial:
+        h = host or self.host
+        self.resume(h)
+        st0 = self.show(h)["state"]
+        before, known = st0["active"], {r["id"] for r in st0["releases"]}
+        t0 = time.monotonic()
+        try:
+            code, text, run_ok = fault()
+        finally:
+            self.resume(h)
+        seconds = time.monotonic() - t0
+        checks, notes = self.check(before, known, h, rerun=rerun, probe=probe)
+        notes["exit_ok"] = run_ok
+        held = all(checks.values())
+        message = next((ln.strip() for ln in reversed(text.splitlines()) if "error:" in ln or ": ok" in ln
+                        or "rolled-back" in ln or "unchanged" in ln), text.strip().splitlines()[-1] if text.strip() else "")
+        trial = Trial(case, point, held, checks, code, round(seconds, 2), message[:300], notes)
+        if not held or seconds > 30:  # a failed or a slow trial keeps the CLI's output for the record
+            trial.notes["output"] = text[-3000:]
+        self.log(f"  {case:<16} {point:<22} {'held' if held else 'FAILED'}  exit {code}  {seconds:5.1f} s  "
+                 + ("" if held else json.dumps({k: v for k, v in checks.items() if not v})))
+        return trial
+
+    # -- the cases ---------------------------------------------------------------------------------------------------
+    def _apply_next(self, *extra: str) -> tuple[Cli, str]:
+        variant = self.next_variant()
+        return self.apply(variant, *extra), variant
+
+    def _rerun(self, variant: str) -> Callable[[], Cli]:
+        return lambda: self.apply(variant)
+
+    def cut_at(self, point: str) -> Trial:
+        """Cut every connection at ``point``: a host-side fault point ("build:linked") or "<line>+<seconds>"."""
+        variant = self.next_variant()
+
+        def fault() -> tuple[int | None, str, bool]:
+            if ":" in point:
+                self.pause_at(point)
+            run = self.apply(variant)
+            self._reach(run, point)
+            self.cut()
+            self.resume()
+            code = run.finish()
+            return code, run.text, code == 0
+
+        return self.trial("cut", point, fault, rerun=self._rerun(variant))
+
+    def cut_mid_push(self, i: int) -> Trial:
+        """Defect 1's reproduction: as soon as releases/.partial-* appears, kill the host's sshd. Every other trial
+        pauses the build there first (the exact point), the others race it."""
+        variant = self.next_variant()
+        paused = i % 2 == 0
+        releases = self.sbox.fs / Path(self.host.release_root).relative_to(HOST_ROOT) / "releases"
+
+        def fault() -> tuple[int | None, str, bool]:
+            if paused:
+                self.pause_at("build:linked")
+            run = self.apply(variant)
+            if paused:
+                if not self.wait_paused():
+                    raise RuntimeError(f"the build never reached build:linked:\n{run.text[-2000:]}")
+            else:
+                deadline = time.monotonic() + 60
+                while not any(p.name.startswith(".partial-") for p in releases.iterdir()) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            self.cut()
+            self.resume()
+            code = run.finish()
+            return code, run.text, code == 0
+
+        return self.trial("cut-push", "paused at .partial" if paused else "on .partial (race)", fault,
+                          rerun=self._rerun(variant))
+
+    def _reach(self, run: Cli, point: str) -> None:
+        if ":" in point:
+            if not self.wait_paused():
+                raise RuntimeError(f"fault point {point} was never reached:\n{run.text[-2000:]}")
+            return
+        line, _, delay = point.partition("+")
+        if not run.wait_line(LINES[line]):
+            raise RuntimeError(f"the CLI never printed {LINES[line]!r}:\n{run.text[-2000:]}")
+        time.sleep(float(delay or 0))
+
+    def signal_at(self, sig: int, point: str) -> Trial:
+        variant = self.next_variant()
+        name = {signal.SIGINT: "sigint", signal.SIGKILL: "sigkill"}[sig]
+        said: list[str] = []
+
+        def fault() -> tuple[int | None, str, bool]:
+            if ":" in point:
+                self.pause_at(point)
+            run = self.apply(variant)
+            self._reach(run, point)
+            run.signal(sig)
+            time.sleep(0.05)
+            self.resume()
+            code = run.finish()
+            said.append(run.text)
+            ok = code == 0
+            if sig == signal.SIGINT and code not in (0, 130):
+                ok = False
+            return code, run.text, ok
+
+        trial = self.trial(name, point, fault, rerun=self._rerun(variant))
+        if sig == signal.SIGINT and trial.exit_code == 130:
+            text = said[0] if said else ""
+            trial.checks["says-what-it-did"] = "rolled back" in text or "nothing" in text
+            trial.held = all(trial.checks.values())
+        return trial
+
+    def server_failure(self, variant: str) -> Trial:
+        run = self.apply(variant)
+
+        def fault() -> tuple[int | None, str, bool]:
+            code = run.finish()
+            return code, run.text, False
+
+        good = self.next_variant()
+        trial = self.trial(f"{variant}-start", "start-up", fault, rerun=self._rerun(good))
+        trial.checks["rolled-back"] = trial.exit_code == 1 and "rolled back" in run.text
+        trial.held = all(trial.checks.values())
+        stage = [ln for ln in run.lines if "failed" in ln and "probe stage" in ln]
+        trial.notes["failure"] = stage[0].strip()[:200] if stage else ""
+        return trial
+
+    def concurrent_apply(self) -> Trial:
+        variant = self.next_variant()
+
+        def fault() -> tuple[int | None, str, bool]:
+            one, two = self.apply(variant), self.apply(variant)
+            codes = sorted([one.finish(), two.finish()])
+            text = one.text + two.text
+            refused = "another deploy is in progress" in text
+            return (0 if codes == [0, 1] and refused else 99), text, True
+
+        trial = self.trial("apply+apply", "both at once", fault, rerun=self._rerun(variant))
+        trial.checks["one-refused"] = trial.exit_code == 0
+        trial.held = all(trial.checks.values())
+        return trial
+
+    def concurrent_stop(self) -> Trial:
+        run, variant = self._apply_next()
+
+        def fault() -> tuple[int | None, str, bool]:
+            run.wait_line(LINES["startup"])
+            stop = self.cli("server", "stop", self.host.name)
+            stop_code = stop.finish()
+            code = run.finish()
+            ok = code == 0 and stop_code == 1 and "another deploy is in progress" in stop.text
+            return (code if ok else 99), run.text + stop.text, code == 0
+
+        trial = self.trial("apply+stop", "stop during probe", fault, rerun=self._rerun(variant))
+        trial.checks["stop-refused"] = trial.exit_code == 0
+        trial.checks["new-release-good"] = self.show()["state"]["active"] != trial.notes.get("before")
+        trial.held = all(trial.checks.values())
+        return trial
+
+    def corrupt_blob(self) -> Trial:
+        from ddtree_deploy.snapshot import SnapshotStore
+
+        store = SnapshotStore(Path(self.env["DDTREE_SNAPSHOTS"]))
+        run_holder: dict[str, Cli] = {}
+        variant = self.next_variant()
+
+        def fault() -> tuple[int | None, str, bool]:
+            snap = store.latest(self.host.name)
+            blob = store.blob_path(snap.manifest["sglang/srt/server_args.py"]["sha256"])
+            blob.chmod(0o644)
+            data = bytearray(blob.read_bytes())
+            data[100] ^= 0xFF
+            blob.write_bytes(bytes(data))
+            run_holder["run"] = run = self.apply(variant)
+            code = run.finish()
+            return code, run.text, code == 0
+
+        trial = self.trial("corrupt-blob", "server_args.py blob", fault, rerun=self._rerun(variant))
+        snap = store.latest(self.host.name)
+        trial.checks["store-intact"] = store.verify(snap) == []
+        trial.checks["repaired"] = "fresh snapshot" in run_holder["run"].text
+        trial.held = all(trial.checks.values())
+        return trial
+
+    # -- a full disk ----------------------------------------------------------------------------------------------------
+    def disk_host(self) -> Host:
+        if not hasattr(self, "_disk"):
+            port = _free_port(exclude={self.sbox.server_port, self.sbox.ssh_port, int(self.host.server["port"])})
+            self._disk = self._host(self.host, "faults-disk", port)
+            h = self._disk
+            self._remove_root(h)
+            with HostConnection(h) as conn:
+                conn.run(f"mkdir -p {h.release_root} && mount -t tmpfs -o size=256m tmpfs {h.release_root}")
+            run = self.apply("a", host=h)
+            if run.finish() != 0:
+                raise RuntimeError(f"fault suite: first apply on the tmpfs host failed:\n{run.text[-3000:]}")
+        return self._disk
+
+    def disk_full(self, free: int) -> Trial:
+        h = self.disk_host()
+        variant = self.next_variant(h)
+        filler = f"{h.release_root}/.filler"
+
+        def fault() -> tuple[int | None, str, bool]:
+            with HostConnection(h) as conn:
+                conn.run(f"rm -f {filler}; avail=$(( $(stat -f -c '%a*%S' {h.release_root}) )); "
+                         f"fallocate -l $(( avail - {free} > 0 ? avail - {free} : 1 )) {filler}")
+            run = self.apply(variant, "--force", host=h)
+            code = run.finish()
+            with HostConnection(h) as conn:
+                conn.run(f"rm -f {filler}")
+            return code, run.text, code == 0
+
+        def rerun() -> Cli:
+            return self.apply(variant, host=h)
+
+        trial = self.trial(f"disk-{_size(free)}", f"{free} bytes free", fault, host=h, rerun=rerun)
+        clear = "no space left" in trial.message.lower() or trial.exit_code == 0
+        trial.checks["clear-error"] = clear and "Traceback" not in trial.notes.get("output", "")
+        trial.held = all(trial.checks.values())
+        return trial
+
+    def teardown_disk(self) -> None:
+        if hasattr(self, "_disk"):
+            self._remove_root(self._disk)
+
+
+def _size(n: int) -> str:
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div:
+            return f"{n // div}{unit}"
+    return f"{n}B"
+
+
+# -- the plan of trials ------------------------------------------------------------------------------------------------------
+#: Cut points spread over push, switch, restart, probe and finish (host-side pauses and the CLI's progress lines).
+CUT_POINTS = ["plan+0", "push+0", "build:verified", "build:linked", "build:committed", "switch:pending", "switch:flipped",
+              "switched+0", "server:restart", "restart+0", "restart+0.2", "restart+0.5", "startup+0", "startup+0.3",
+              "startup+1.0", "generation+0", "generation+0.1", "finish:start", "push+0.02", "switched+0.05", "restart+1.5"]
+SIGNAL_POINTS = ["plan+0", "build:linked", "switch:pending", "server:restart", "startup+0.3", "generation+0", "finish:start"]
+DISK_FREE = [0, 16 << 10, 256 << 10, 4 << 20]
+SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
+    "cut": ["switch:pending"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
+}
+
+
+def run_suite(bench: FaultBench, trials: int, cases: set[str] | None = None, short: bool = False) -> list[Trial]:
+    """The trials: ``trials`` of the mid-push cut (at least 20), one per cut point, and ``trials // 10`` (at least
+    one) of every other fault at each of its points; ``short``: the test suite's selection, one trial each."""
+    out: list[Trial] = []
+    want = (lambda c: c in cases) if cases else (lambda c: True)
+    each = 1 if short else max(1, trials // 10)
+    if want("cut-push"):
+        out += [bench.cut_mid_push(i) for i in range(1 if short else max(trials, 20))]
+    if want("cut"):
+        out += [bench.cut_at(p) for p in (SHORT["cut"] if short else CUT_POINTS)]
+    for sig, name in ((signal.SIGINT, "sigint"), (signal.SIGKILL, "sigkill")):
+        if want(name):
+            out += [bench.signal_at(sig, p) for _ in range(each) for p in (SHORT[name] if short else SIGNAL_POINTS)]
+    if want("server"):
+        out += [bench.server_failure(v) for _ in range(each) for v in (("hang",) if short else ("crash", "exit", "hang"))]
+    if want("concurrent"):
+        out += [t for _ in range(each) for t in (bench.concurrent_apply(), bench.concurrent_stop())]
+    if want("corrupt"):
+        out += [bench.corrupt_blob() for _ in range(each)]
+    if want("disk"):
+        out += [bench.disk_full(s) for _ in range(each) for s in (SHORT["disk"] if short else DISK_FREE)]
+        bench.teardown_disk()
+    return out
+
+
+def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        key = t.case
+        r = rows.setdefault(key, {"case": key, "trials": 0, "held": 0, "points": set(), "seconds": [], "exit_codes": set()})
+        r["trials"] += 1
+        r["held"] += int(t.held)
+        r["points"].add(t.point)
+        r["seconds"].append(t.seconds)
+        r["exit_codes"].add(t.exit_code)
+    return [{**r, "points": sorted(r["points"], key=str), "exit_codes": sorted(c for c in r["exit_codes"] if c is not None),
+             "median_s": sorted(r["seconds"])[len(r["seconds"]) // 2]} for r in rows.values()]
+
+
+def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Path) -> Path:
+    rows = summarize(trials)
+    total, held = len(trials), sum(t.held for t in trials)
+    md = [
+        "# Fault injection: the deploy transaction under cuts, signals, a full disk, concurrency and broken servers",
+        "",
+        f"Reproduce: `{command}` (needs root: sandbox hosts). {total} trials, **{held} held**, in {seconds / 60:.1f} min "
+        f"on {os.cpu_count()} cores; {time.strftime('%Y-%m-%d', time.gmtime())}.",
+        "",
+        "Each trial drives the real CLI against a sandbox host (real sshd in its own mount namespace; the server is the",
+        "reference engine decoding with the overlay's own DDTree runtime), injects one fault, then checks: the installed",
+        "package byte-identical; nothing pending and the active release good (the last good one, or the new one when the",
+        "run reached its verdict); `probe` passes; the lock free with no stray files; and the same command run again",
+        "succeeds. A cut is SIGKILL of every per-connection sshd of the host. See bench/faults.py for each case.",
+        "",
+        "| case | trials | held | points | exit codes | median s |",
+        "|---|---:|---:|---|---|---:|",
+    ]
+    for r in rows:
+        pts = ", ".join(str(p) for p in r["points"])
+        md.append(f"| {r['case']} | {r['trials']} | {r['held']} | {pts} | {', '.join(map(str, r['exit_codes']))} | {r['median_s']:.1f} |")
+    failed = [t for t in trials if not t.held]
+    md += ["", "## Trials that did not hold", ""] + ([f"- {t.case} at {t.point}: {json.dumps(t.checks)} — {t.message}" for t in failed]
+                                                     or ["none"])
+    hang = [t for t in trials if t.case == "hang-start"]
+    if hang:
+        md += ["", f"Wedged start (log silent, /health failing) detected by the no-progress rule "
+                   f"(start-up budget 60 s): {hang[0].notes.get('failure', '')}"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "faults.md").write_text("\n".join(md) + "\n")
+    (out_dir / "faults.json").write_text(json.dumps({"command": command, "seconds": round(seconds, 1),
+                                                    "trials": [dataclasses.asdict(t) for t in trials]}, indent=1, default=str))
+    return out_dir / "faults.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=20, help="trials of the mid-push cut (at least 20); other cases scale")
+    p.add_argument("--cases", default="", help="comma-separated subset: cut-push,cut,sigint,sigkill,server,concurrent,corrupt,disk")
+    p.add_argument("--short", action="store_true", help="the short selection the test suite runs")
+    p.add_argument("--engine", choices=("refengine", "standin"), default="refengine",
+                   help="the host's server: the reference engine (real decoding) or the tests' stand-in (faster)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="ddtree-faults-"))
+    box = Sandbox(tmp / "sandbox", tmp / "sandbox-hosts", log=lambda m: print(f"  {m}"))
+    try:
+        state = box.up(DEFAULT_HOSTS[:1])
+        sbox = state.hosts[DEFAULT_HOSTS[0][0]]
+        base = load_host_file(Path(sbox.inventory_file))
+        bench = FaultBench(sbox, base, tmp / "work", engine=args.engine)
+        print("setting up: first apply on the fault host")
+        bench.setup()
+        trials = run_suite(bench, args.trials, set(filter(None, args.cases.split(","))) or None, args.short)
+        bench.teardown()
+    finally:
+        box.down()
+        shutil.rmtree(tmp, ignore_errors=True)
+    cmd = "make faults" if not args.cases and not args.short and args.trials == 20 else \
+        "python bench/faults.py " + " ".join(a for a in (argv or sys.argv[1:]))
+    path = write_results(trials, cmd, time.monotonic() - t0, args.out)
+    held = sum(t.held for t in trials)
+    print(f"{held}/{len(trials)} trials held; {path}")
+    return 0 if held == len(trials) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

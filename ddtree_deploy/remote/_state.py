@@ -1,0 +1,159 @@
+# ruff: noqa: F821  (Failure, _json, _sys, _MODULES and the _-helpers come from _frame.py, glued in front of this program)
+# Part of the release program (remote/release.py includes it): the release root's state.json, journal, the
+# `current` link and the step lock (.oplock). Stdlib only.
+import errno
+import fcntl
+import os
+import socket
+
+STATE_VERSION = 1
+
+
+# -- state, journal ----------------------------------------------------------------------------------------------------
+def _load_state(root):
+    path = os.path.join(root, "state.json")
+    try:
+        with open(path) as fh:
+            state = _json.load(fh)
+    except FileNotFoundError:
+        state = {}
+    except ValueError as exc:
+        raise Failure("%s is not valid JSON (%s); fix or remove it by hand" % (path, exc), "state") from None
+    state.setdefault("version", STATE_VERSION)
+    state.setdefault("releases", [])
+    state.setdefault("active", None)
+    state.setdefault("previous_good", None)
+    state.setdefault("bad", [])
+    state.setdefault("pending", None)
+    link = _current_target(root)
+    if link is not None:  # `current` is the truth; state.json follows it (a crash may sit between the two writes)
+        state["active"] = None if link == "base" else os.path.basename(link)
+    return state
+
+
+def _save_state(root, state):
+    _write_atomic(os.path.join(root, "state.json"), (_json.dumps(state, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _journal(root, event, **fields):
+    entry = {"time": _now(), "event": event, "host": socket.gethostname()}
+    entry.update(fields)
+    line = _json.dumps(entry, sort_keys=True) + "\n"
+    fd = os.open(os.path.join(root, "journal.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _journal_quietly(root, event, **fields):
+    """For the guardian and error paths: a full disk must not stop a rollback."""
+    try:
+        _journal(root, event, **fields)
+    except OSError:
+        pass
+
+
+def _release(state, rid):
+    for rel in state["releases"]:
+        if rel["id"] == rid:
+            return rel
+    return None
+
+
+def _current_target(root):
+    try:
+        return os.readlink(os.path.join(root, "current"))
+    except OSError:
+        return None
+
+
+def _ensure_root(root):
+    try:
+        os.makedirs(os.path.join(root, "releases"), exist_ok=True)
+        os.makedirs(os.path.join(root, "base"), exist_ok=True)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_failure(root, exc, "creating the release root") from None
+        raise Failure("cannot create release root %s: %s" % (root, exc.strerror), "root") from None
+
+
+def _free_mb(root):
+    try:
+        st = os.statvfs(root)
+        return st.f_bavail * st.f_frsize / 1e6
+    except OSError:
+        return 0.0
+
+
+def _disk_failure(root, exc, what):
+    if exc.errno == errno.ENOSPC:
+        return Failure("no space left on the release root %s while %s (%.1f MB free); nothing was switched"
+                       % (root, what, _free_mb(root)), "disk")
+    if exc.errno == errno.EDQUOT:
+        return Failure("disk quota exceeded on %s while %s; nothing was switched" % (root, what), "disk")
+    return Failure("%s failed on %s: %s (%s); nothing was switched"
+                   % (what, root, exc.strerror or exc, getattr(exc, "filename", "")), "io")
+
+
+def _has_baseline(root):
+    # the probe's generation baseline lives in the release root (probe.py: baseline_path); reported with the lock
+    # so a deploy learns whether it must record one without another round trip
+    return os.path.isfile(os.path.join(root, "probe-baseline.json"))
+
+
+class _OpLock:
+    """flock on <root>/.oplock for one step that changes the host. Never nested in one process."""
+
+    def __init__(self, root, wait=True):
+        self.root, self.wait, self.fd = root, wait, None
+
+    def __enter__(self):
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            self.fd = os.open(os.path.join(self.root, ".oplock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _disk_failure(self.root, exc, "taking the host lock") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+        return False
+
+
+def _flip(root, release_id):
+    """Point `current` at the release (or the empty base) with one rename."""
+    target = os.path.join("releases", release_id) if release_id is not None else "base"
+    current = os.path.join(root, "current")
+    tmp = os.path.join(root, ".current-%d" % os.getpid())
+    try:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, current)
+    except OSError as exc:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise _disk_failure(root, exc, "switching current") from None
+    return target
+
+
+def _set_status(state, release_id, status, note):
+    rel = _release(state, release_id)
+    if rel is None:
+        raise Failure("no release %s on this host" % release_id, "missing")
+    rel["status"] = status
+    if note:
+        rel["note"] = note
+    not_good = ("bad", "interrupted")
+    if status in not_good and release_id not in state["bad"]:
+        state["bad"].append(release_id)
+    if status not in not_good and release_id in state["bad"]:
+        state["bad"].remove(release_id)
+    return rel

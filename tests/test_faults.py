@@ -1,0 +1,69 @@
+"""The fault-injection suite's short form (bench/faults.py; the long form is `make faults`, results in
+bench/results/faults.md): one trial of a selection of its faults, through the real CLI against the session's sandbox
+host, with the tests' stand-in server (it starts in a fraction of the reference engine's time; `make faults` runs
+the reference engine). Each trial asserts the transaction held: the installed package byte-identical,
+nothing pending and the active release good, `probe` passing, the lock free with no stray file, and a re-run
+succeeding. A full disk is in test_transaction.py and test_release.py; the long form runs it at four sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from faults import SHORT, FaultBench, Trial  # noqa: E402
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.faults]
+
+
+@pytest.fixture(scope="module")
+def bench(sandbox, tmp_path_factory):
+    sbox = sandbox.state.hosts[sandbox.base.name]
+    b = FaultBench(sbox, sandbox.base, tmp_path_factory.mktemp("faults"), log=lambda m: None, engine="standin")
+    b.setup()
+    yield b
+    b.teardown_disk()
+    b.teardown()
+
+
+def _held(trial: Trial) -> None:
+    assert trial.held, json.dumps(dataclasses.asdict(trial), indent=1, default=str)[:6000]
+
+
+@pytest.mark.parametrize("i", [0])
+def test_cut_mid_push(bench, i):
+    """Defect 1: a cut while the release is being built leaves the host on its release, nothing half-switched."""
+    _held(bench.cut_mid_push(i))
+
+
+@pytest.mark.parametrize("point", SHORT["cut"])
+def test_cut(bench, point):
+    _held(bench.cut_at(point))
+
+
+@pytest.mark.parametrize("point", SHORT["sigint"])
+def test_sigint(bench, point):
+    trial = bench.signal_at(signal.SIGINT, point)
+    _held(trial)
+    assert trial.exit_code in (0, 130)
+
+
+@pytest.mark.parametrize("point", SHORT["sigkill"])
+def test_sigkill(bench, point):
+    _held(bench.signal_at(signal.SIGKILL, point))
+
+
+@pytest.mark.parametrize("variant", ["hang"])
+def test_server_fails_at_start(bench, variant):
+    trial = bench.server_failure(variant)
+    _held(trial)
+    if variant == "hang":
+        assert "start-up made no progress" in trial.notes["failure"]
+

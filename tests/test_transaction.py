@@ -1,0 +1,182 @@
+"""The deploy transaction's invariant on real sandbox hosts (docs/design.md, "The deploy transaction"): a host is on
+its last good release, or on a new release that a run is probing and will roll back on any failure or interruption;
+a release switched in but not probed is never left behind silently.
+
+Here: the host's guardian rolls back a run whose control side vanished; a pending switch that nobody settled (the
+guardian died, as in a reboot) is settled by the next command, which says so (rolled back, or probed and kept);
+steps of a run that lost its lock are refused; every write command takes the lock; a full disk at the lock step is
+a clear error with no stray file. Cuts, signals, disk sizes and concurrency at many points are in test_faults.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddtree_deploy.errors import Fenced, OperationFailed
+from ddtree_deploy.probe import guard_spec
+from ddtree_deploy.release import LockHeld, ReleaseManager
+from ddtree_deploy.server import ServerControl
+from ddtree_deploy.transport import HostConnection
+from standin.helpers import deployed_standin, overlay, remove_root, run_cli, standin_host, write_host_yaml
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(scope="module")
+def good(sandbox, tmp_path_factory):
+    """A host copy (stand-in server) with one good release, its host file in an inventory of its own."""
+    inv = tmp_path_factory.mktemp("tx") / "hosts"
+    host, (report,) = deployed_standin(sandbox.base, "t-tx", inv, None)
+    assert report.status == "ok", report.message
+    yield host, inv, report.release
+    remove_root(host)
+
+
+def _show(host):
+    with HostConnection(host) as conn:
+        return ReleaseManager(conn).show(journal_lines=20)
+
+
+def _leave_pending(host, ov, *, restarted=False):
+    """A run that pushed and switched (and with ``restarted`` restarted the server onto the release), then lost
+    its guardian (killed, as a reboot or the OOM killer would): the host keeps `pending` and a lock whose holder is
+    gone. Returns the release left pending."""
+    conn = HostConnection(host)
+    conn.open()
+    mgr = ReleaseManager(conn)
+    mgr.acquire("ddtree-deploy apply (test: guardian dies)", guard=guard_spec(host))
+    pushed = mgr.push(ov)
+    mgr.switch(pushed.release_id, probing=True)
+    if restarted:
+        ServerControl(conn, mgr.fence).restart(release=pushed.release_id)
+    holder = mgr.show()["lock"]["holder_pid"]
+    conn.run(f"kill -9 {holder}")
+    mgr.lease = None
+    conn.close()
+    info = _show(host)
+    assert info["state"]["pending"]["release"] == pushed.release_id and info["lock_state"] == "dead"
+    return pushed.release_id
+
+
+def test_guardian_rolls_back_when_the_control_side_vanishes(good):
+    """The run's connection closes in the middle of its probe (its process died): the host switches back, marks the
+    unprobed release interrupted, restarts the server on the good release and frees the lock, on its own."""
+    host, _, release = good
+    conn = HostConnection(host)
+    conn.open()
+    mgr = ReleaseManager(conn)
+    mgr.acquire("ddtree-deploy apply (test: control side dies)", guard=guard_spec(host))
+    pushed = mgr.push(overlay(version="0.2.0-vanish"))
+    mgr.switch(pushed.release_id, probing=True)
+    ServerControl(conn, mgr.fence).restart(release=pushed.release_id)
+    conn.close()  # end of input for the guardian: exactly what a kill -9 of the tool does
+    import time
+
+    deadline = time.monotonic() + 60
+    while _show(host)["lock"] is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    info = _show(host)
+    st = info["state"]
+    assert info["lock"] is None and st["pending"] is None
+    assert st["active"] == release and info["current"] == f"releases/{release}"
+    rel = next(r for r in st["releases"] if r["id"] == pushed.release_id)
+    assert rel["status"] == "interrupted" and pushed.release_id in st["bad"]
+    settled = [e for e in info["journal"] if e["event"] == "reconciled"][-1]
+    assert settled["by"] == "guardian" and settled["outcome"] == "rolled-back" and settled["health"] == "ready"
+    with HostConnection(host) as c2:
+        server = ServerControl(c2).status()
+    assert server["running"] and server["release"] == release
+
+
+def test_next_command_rolls_back_a_pending_switch_nobody_settled_and_says_so(good):
+    host, inv, release = good
+    left = _leave_pending(host, overlay(version="0.2.0-orphan"))
+    proc = run_cli(inv, "server", "restart", host.name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert f"found release {left} switched in by run" in said and "never probed" in said
+    assert "the host rolled back" in said and f"back on release {release}" in said
+    info = _show(host)
+    assert info["state"]["active"] == release and info["state"]["pending"] is None and info["lock"] is None
+    assert next(r for r in info["state"]["releases"] if r["id"] == left)["status"] == "interrupted"
+
+
+def test_probe_keeps_a_pending_release_that_passes_and_says_so(good):
+    """The server already runs the pending release (the run restarted it before it vanished): `probe` probes that
+    and keeps it when it passes. (A pending release the server does not run is rolled back: test above.)"""
+    host, inv, release = good
+    left = _leave_pending(host, overlay(version="0.2.0-kept"), restarted=True)
+    proc = run_cli(inv, "probe", host.name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "probed it: it passes, so it stays active" in " ".join(proc.stderr.split())
+    info = _show(host)
+    st = info["state"]
+    assert st["active"] == left and st["pending"] is None and info["lock"] is None
+    assert next(r for r in st["releases"] if r["id"] == left)["status"] == "good"
+    back = run_cli(inv, "rollback", host.name, "--to", release)
+    assert back.returncode == 0, back.stdout + back.stderr
+
+
+def test_steps_of_a_run_that_lost_its_lock_are_refused(good):
+    host, _, release = good
+    with HostConnection(host) as conn:
+        first = ReleaseManager(conn, run_id="run-first")
+        first.acquire("first")
+        second = ReleaseManager(conn, run_id="run-second")
+        with pytest.raises(LockHeld, match="another deploy is in progress: run run-first"):
+            second.acquire("second")
+        second.acquire("second", break_lock=True)  # its guardian is stopped first, so it cannot act later
+        with pytest.raises(Fenced, match="run run-first no longer holds the deploy lock"):
+            first.switch(release, probing=True)
+        first.lease = None
+        second.release_lock()
+    assert _show(host)["lock"] is None
+
+
+def test_every_write_command_takes_the_lock(good):
+    host, inv, _ = good
+    with HostConnection(host) as conn:
+        holder = ReleaseManager(conn, run_id="run-holding")
+        holder.acquire("ddtree-deploy apply --host t-tx (test)")
+        try:
+            for args in (["server", "stop", host.name], ["server", "restart", host.name], ["server", "start", host.name],
+                         ["rollback", host.name], ["probe", host.name, "--record-baseline"]):
+                proc = run_cli(inv, *args)
+                assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+                assert "another deploy is in progress: run run-holding" in " ".join(proc.stderr.split()), args
+        finally:
+            holder.release_lock()
+        assert ServerControl(conn).status()["running"]  # nobody stopped it
+
+
+def test_disk_full_at_the_lock_is_a_clear_error_and_leaves_no_lock_file(sandbox, tmp_path):
+    host = standin_host(sandbox.base, "t-tx-full")
+    inv = tmp_path / "hosts"
+    write_host_yaml(host, inv)
+    root = host.release_root
+    with HostConnection(host) as conn:
+        conn.run(f"mkdir -p {root} && mount -t tmpfs -o size=256k tmpfs {root} && mkdir {root}/releases {root}/base && "
+                 f"fallocate -l $(( $(stat -f -c '%a*%S' {root}) )) {root}/.filler")
+        try:
+            with pytest.raises(OperationFailed, match=r"no space left on the release root .* while taking the host lock"):
+                ReleaseManager(conn).acquire("test")
+            proc = run_cli(inv, "server", "restart", host.name)
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr
+            assert "no space left on the release root" in " ".join(proc.stderr.split())
+            assert conn.run(f"ls -A {root}").text().split() == [".filler", "base", "releases"]  # no lock, no lock.*
+        finally:
+            conn.run(f"umount {root} && rmdir {root}")
+
+
+def test_releases_warns_about_a_pending_switch(good):
+    host, inv, release = good
+    left = _leave_pending(host, overlay(version="0.2.0-warn"))
+    proc = run_cli(inv, "releases", host.name)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert f"release {left} was switched in by run" in text and "never probed" in text
+    assert json.loads(run_cli(inv, "releases", host.name, "--json").stdout)["state"]["pending"]["release"] == left
+    assert run_cli(inv, "server", "restart", host.name).returncode == 0  # settles it
+    assert _show(host)["state"]["active"] == release
