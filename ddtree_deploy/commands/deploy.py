@@ -303,6 +303,15 @@ def releases_cmd(
         out.print(journal_table(info["journal"], f"{h.name}: journal (last {len(info['journal'])})"))
 
 
+def _journal_value(v: Any) -> str:
+    """A journal value as text: nested records (e.g. what DDTree did) as (key=value, ...), never Python reprs."""
+    if isinstance(v, dict):
+        return "(" + ", ".join(f"{k}={_journal_value(x)}" for k, x in v.items() if x not in (None, "")) + ")"
+    if isinstance(v, (list, tuple)):
+        return ",".join(_journal_value(x) for x in v)
+    return str(v)
+
+
 def journal_table(lines: list[dict[str, Any]], title: str) -> Any:
     """The journal as a table: time, event, the release it concerns, the run, and the rest as key=value."""
     rows = []
@@ -310,7 +319,7 @@ def journal_table(lines: list[dict[str, Any]], title: str) -> Any:
         release = line.get("release") or (f"{line.get('from') or 'none'} → {line.get('to') or 'none'}"
                                           if "to" in line or "from" in line else "")
         rest = {k: v for k, v in line.items() if k not in ("time", "event", "host", "release", "from", "to", "run")}
-        detail = "  ".join(f"{k}={v}" for k, v in rest.items() if v not in (None, "", [], {}))
+        detail = "  ".join(f"{k}={_journal_value(v)}" for k, v in rest.items() if v not in (None, "", [], {}))
         rows.append([str(line.get("time", ""))[:19].replace("T", " "), line.get("event"), release, line.get("run") or "",
                      detail])
     return table(title, ["time", "event", "release", "run", "detail"], rows)
