@@ -73,9 +73,11 @@ def main() -> int:
            "speed-8b": speed_rows}
     if len(sys.argv) == 6:
         out["apply-transcript"] = json.loads(Path(sys.argv[5]).read_text())
-    stem.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(render(out, sys.argv[1:]) + "\n")
-    print(stem.with_suffix(".md").read_text())
+    # Not with_suffix: the stem's version dots ("sglang-0.5.17-h200") would be taken for a suffix.
+    out_json, out_md = stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.md"
+    out_json.write_text(json.dumps(out, indent=1) + "\n")
+    out_md.write_text(render(out, sys.argv[1:]) + "\n")
+    print(out_md.read_text())
     return 0
 
 
