@@ -47,8 +47,11 @@ MODELSETS = {
     "hyb": ("tiny-next", "tiny-next-dflash"),
     "hyblive": ("live-next", "live-next-dflash"),
     "q8b": ("q8b-target", "q8b-dflash"),  # Qwen3-8B shape + z-lab b16 drafter shape, --load-format dummy
+    "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (mk_profile.py)
 }
-DUMMY_MODELSETS = ("q8b",)
+DUMMY_MODELSETS = ("q8b", "prof")
+#: Model sets whose speed workloads sample (temperature 1): the `prof` profile is a law over tokens, not a function.
+SAMPLED_SPEED_MODELSETS = {"prof": 1.0}
 #: Which SGLang the run serves: 0.5.11 (spec-v1 DFlashWorker) or 0.5.17 (spec-v2 DFlashWorkerV2, overlap on).
 BASE = os.environ.get("E2E_BASE", "0.5.11")
 HYBRID_MODELSETS = ("hyb", "hyblive")
@@ -282,7 +285,7 @@ class speed_turn:  # noqa: N801 - a context manager used like a function
 
 
 def speed_workloads(engine) -> dict:
-    """Timed greedy batches (ignore_eos) at E2E_SPEED_BATCHES, 3 reps each, prompts of E2E_SPEED_PROMPT_LEN tokens
+    """Timed batches (ignore_eos; greedy, or temperature E2E_SPEED_T) at E2E_SPEED_BATCHES, 3 reps each, prompts of E2E_SPEED_PROMPT_LEN tokens
     (default: the short fixed prompts). Each rep caches the prompts (a 1-token call), then generates
     E2E_SPEED_TOKENS / 4 and E2E_SPEED_TOKENS tokens after one new token each: both calls pay the same fixed cost
     (a 1-token prefill, scheduling), so round milliseconds = (T_long - T_short) / (rounds_long - rounds_short), with
@@ -290,7 +293,8 @@ def speed_workloads(engine) -> dict:
     out: dict = {}
     n_new = int(os.environ.get("E2E_SPEED_TOKENS", "256"))
     plen = int(os.environ.get("E2E_SPEED_PROMPT_LEN", "0"))
-    sp = {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}
+    temperature = float(os.environ.get("E2E_SPEED_T", "0"))
+    sp = {"temperature": temperature, "max_new_tokens": n_new, "ignore_eos": True}
 
     def batch(bs: int, seed: int) -> list[list[int]]:
         if not plen:
@@ -325,6 +329,12 @@ def config_env(cfg: dict) -> dict:
     verify kernel's math instead of its packed decode kernel (bench/e2e/gdn_unpacked_decode/sitecustomize.py says
     why); everything else is the `ar` configuration."""
     env = dict(os.environ)
+    if cfg["modelset"] == "prof":
+        hook = str(Path(__file__).resolve().parent / "profile_weights")
+        env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["E2E_PROFILE_JSON"] = str(MODELS / "prof-target" / "profile.json")
+    if cfg["modelset"] in SAMPLED_SPEED_MODELSETS:
+        env.setdefault("E2E_SPEED_T", str(SAMPLED_SPEED_MODELSETS[cfg["modelset"]]))
     if cfg.get("sync_check"):
         env["DDTREE_SYNC_CHECK"] = "1"
     if cfg["algo"] == "arv":

@@ -40,6 +40,7 @@ fi
   [ -d /tmp/models/agree-qwen3 ] || { python3 "$B/mk_models.py" /tmp/models; python3 bench/e2e/mk_agree.py /tmp/models /tmp/models; }
   if needs big; then python3 bench/e2e/mk_big.py /tmp/models /tmp/models; fi
   if needs q8b && [ ! -d /tmp/models/q8b-target ]; then python3 bench/e2e/mk_shapes.py /tmp/models /tmp/models; fi
+  if needs prof && [ ! -d /tmp/models/prof-target ]; then python3 bench/e2e/mk_profile.py /tmp/models /tmp/models; fi
   if needs hyb && [ ! -d /tmp/models/tiny-next ]; then python3 "$B/mk_hybrid.py" /tmp/models /tmp/models; fi
   if needs hyblive && [ ! -d /tmp/models/live-next ]; then python3 bench/e2e/mk_hybrid_live.py /tmp/models /tmp/models; fi
 ) >> "$OUT/setup.log" 2>&1 &

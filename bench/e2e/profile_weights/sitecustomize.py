@@ -1,0 +1,81 @@
+"""Benchmark-only start-up hook (bench/e2e, never shipped): the `prof` models' controlled weights.
+
+`e2e_driver.py` puts this directory first on PYTHONPATH for the `prof` model set and sets E2E_PROFILE_JSON to the
+profile that `mk_profile.py` wrote. Every process of that Engine imports this file at start-up; when SGLang's
+model loader module is executed, its `initialize_dummy_weights` (the `--load-format dummy` fill) is wrapped so
+that, right after the random fill, the model gets the profile's weights (mk_profile.py says why these):
+- `o_proj` and `down_proj` of every layer: zero (the GEMMs still run at full size);
+- every norm weight: one;
+- the token embedding: every row e0 (the drafter has none; it reads the target's);
+- the LM head: column 0 holds the profile's bf16 weights for its tokens and `lm_head_col0_other` for every other
+  token; all other columns zero.
+Nothing else is touched, and nothing happens without E2E_PROFILE_JSON.
+"""
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+_TARGET = "sglang.srt.model_loader.loader"
+
+
+def apply_profile(model, profile: dict) -> list:
+    """Overwrite the tensors named above in place; returns the names it set (logged by the caller)."""
+    import torch
+
+    done = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+                param.zero_()
+            elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                param.fill_(1.0)
+            elif name.endswith("embed_tokens.weight"):
+                param.zero_()
+                param[:, 0] = 1.0
+            elif name.endswith("lm_head.weight"):
+                param.zero_()
+                param[:, 0] = profile["lm_head_col0_other"]
+                ids = torch.tensor(profile["tokens"], device=param.device)
+                param[ids, 0] = torch.tensor(profile["lm_head_col0"], dtype=param.dtype, device=param.device)
+            else:
+                continue
+            done.append(name)
+    return done
+
+
+class _Wrap(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None:
+            return None
+        self._inner = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        profile = json.loads(open(os.environ["E2E_PROFILE_JSON"]).read())
+        original = module.initialize_dummy_weights
+
+        def initialize_then_profile(model, *args, **kwargs):
+            original(model, *args, **kwargs)
+            names = apply_profile(model, profile)
+            print(f"E2E profile weights: {type(model).__name__}: set {len(names)} tensors", file=sys.stderr,
+                  flush=True)
+
+        module.initialize_dummy_weights = initialize_then_profile
+
+
+if os.environ.get("E2E_PROFILE_JSON"):
+    sys.meta_path.insert(0, _Wrap())
