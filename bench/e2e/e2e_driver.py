@@ -308,7 +308,7 @@ def speed_workloads(engine) -> dict:
     generate(engine, batch(min(16, max(SPEED_BATCHES)), 7), {**sp, "max_new_tokens": 16})  # warm-up
     for bs in SPEED_BATCHES:
         runs = []
-        for rep in range(3):
+        for rep in range(int(os.environ.get("E2E_SPEED_REPS", "3"))):
             ps = batch(bs, 99 + rep)
             _, pre = generate(engine, ps, {**sp, "max_new_tokens": 1})  # caches the prompts
             short, t_short = generate(engine, [p + [5] for p in ps], {**sp, "max_new_tokens": max(2, n_new // 4)})

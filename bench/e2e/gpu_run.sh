@@ -72,7 +72,7 @@ if [ -n "$SEQ" ]; then
 fi
 python3 bench/e2e/e2e_driver.py report $R "$OUT/$TAG" > /dev/null
 cat "$OUT/$TAG.md"
-mkdir -p $R/models && for m in agree-qwen3 big-qwen3; do  # small files that let the post-processing use the served weights
+mkdir -p $R/models && for m in agree-qwen3 big-qwen3 prof-target; do  # small files that let the post-processing use the served weights
   [ -d /tmp/models/$m ] || continue; mkdir -p $R/models/$m; cp /tmp/models/$m/*.json $R/models/$m/ 2>/dev/null
   [ $m = agree-qwen3 ] && cp /tmp/models/$m/model.safetensors $R/models/$m/
 done

@@ -1,0 +1,110 @@
+"""#20's benchmark: does DDTree pay at every batch size? bench/results/pay-every-batch-h200.{json,md} from raw runs.
+
+Usage: python bench/e2e/post_pay.py OUT_STEM RAW [RAW ...]
+  RAW: TAG-raw.tgz files (or directories) of `gpu_run.sh` runs made in ONE lease, holding the `prof-*` configurations
+  (the controlled acceptance profile of mk_profile.py) and optionally `q8b-*` ones (random weights: the cost side).
+
+Rows {config, batch, round_ms, tokens_per_round, tok_s} per configuration and batch:
+- tok_s: output tokens over the wall time of the long generate call (median over reps);
+- tokens_per_round: committed tokens per verify round per request (mean over the batch's requests; plain = 1);
+- round_ms: that call's wall time over its rounds (the slowest request's verify count; plain: decode steps).
+Configuration names map to plain / chain / ddtree-bN / ddtree-schedule by their algorithm and budget.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_files import load_results, open_raw  # noqa: E402
+
+
+def label(cfg: dict) -> str:
+    algo = cfg["algo"]
+    if algo == "ar":
+        return "plain"
+    if algo == "chain":
+        return "chain"
+    if cfg.get("schedule") or cfg.get("budget") is None:
+        return "ddtree-schedule"
+    return f"ddtree-b{cfg['budget']}"
+
+
+def rows_of(res: dict) -> list[dict]:
+    out = []
+    for wl, runs in sorted(res.get("workloads", {}).items()):
+        if not wl.startswith("speed-bs"):
+            continue
+        bs = int(wl[len("speed-bs"):])
+        tok_s, round_ms, tpr = [], [], []
+        for r in runs:
+            meta = r["meta"]
+            tok_s.append(r["tokens"] / r["seconds"])
+            round_ms.append(1000 * r["seconds"] / max(1, r["rounds"]))
+            per_req = [m["completion_tokens"] / m["spec_verify_ct"] if m.get("spec_verify_ct") else 1.0 for m in meta]
+            tpr.append(statistics.fmean(per_req))
+        out.append({"batch": bs, "tok_s": round(statistics.median(tok_s), 1),
+                    "round_ms": round(statistics.median(round_ms), 3),
+                    "tokens_per_round": round(statistics.fmean(tpr), 3), "reps": len(runs)})
+    return out
+
+
+def main() -> int:
+    stem = Path(sys.argv[1])
+    table: dict[str, dict] = {}
+    profile = None
+    for raw in sys.argv[2:]:
+        d = open_raw(Path(raw))
+        pj = d / "models" / "prof-target" / "profile.json"
+        if pj.exists():
+            profile = json.loads(pj.read_text())
+        for name, res in load_results(d).items():
+            if not res.get("ok"):
+                table[name] = {"error": res.get("error", "failed")}
+                continue
+            table[name] = {"config": res["config"], "rows": rows_of(res)}
+    out: dict = {"profile": profile, "controlled": [], "random_weights": [], "ratios": {}, "failed": {}}
+    for name, t in sorted(table.items()):
+        if "error" in t:
+            out["failed"][name] = t["error"]
+            continue
+        kind = "controlled" if t["config"]["modelset"] == "prof" else "random_weights"
+        for r in t["rows"]:
+            out[kind].append({"config": label(t["config"]), "name": name, **r})
+    by = {(r["config"], r["batch"]): r for r in out["controlled"]}
+    for (cfg, bs), r in sorted(by.items()):
+        chain = by.get(("chain", bs))
+        if chain and cfg != "chain":
+            out["ratios"].setdefault(cfg, {})[bs] = round(r["tok_s"] / chain["tok_s"], 3)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    (stem.parent / f"{stem.name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    lines = ["# DDTree at every batch size (H200, SGLang 0.5.17, Qwen3-8B shape + b16 DFlash drafter shape, CUDA graphs)",
+             "", f"Reproduce: `python bench/e2e/post_pay.py {stem} {' '.join(sys.argv[2:])}`", ""]
+    if profile:
+        p = ", ".join(f"{x:.4f}" for x in profile["probs"])
+        ea = profile["expected_accepted"]
+        lines += [f"Profile (`prof` models, bench/e2e/mk_profile.py): target and drafter share a context-free law over "
+                  f"four tokens, P = ({p}) by drafter rank, sampled at temperature {profile['temperature']}: the "
+                  f"rank-r candidate holds the target's token with probability P[r] at every depth. Expected tokens "
+                  f"per round: chain {1 + ea['chain']:.2f}, "
+                  + ", ".join(f"{k} {1 + v:.2f}" for k, v in ea.items() if k != "chain") + ".", ""]
+    for kind, title in (("controlled", "Controlled profile"), ("random_weights", "Random weights (cost side only)")):
+        if not out[kind]:
+            continue
+        lines += [f"## {title}", "", "| config | batch | tok/s | tokens/round | round ms | vs chain |", "|---|---|---|---|---|---|"]
+        for r in sorted(out[kind], key=lambda r: (r["batch"], r["config"])):
+            ratio = out["ratios"].get(r["config"], {}).get(r["batch"]) if kind == "controlled" else None
+            lines.append(f"| {r['config']} | {r['batch']} | {r['tok_s']} | {r['tokens_per_round']} | {r['round_ms']} | "
+                         f"{'' if ratio is None else ratio} |")
+        lines.append("")
+    if out["failed"]:
+        lines += ["## Failed configurations", ""] + [f"- {n}: {e}" for n, e in out["failed"].items()] + [""]
+    (stem.parent / f"{stem.name}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
