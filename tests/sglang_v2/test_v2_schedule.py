@@ -1,0 +1,202 @@
+"""A DDTree budget schedule on SGLang 0.5.17, against the real patched classes on CPU: the target graph runner's
+width per captured batch size (what it captures and replays, with the tree mask only at tree sizes), the round's
+budget from the padded batch size, and the draft graph's tail per size (the base's own greedy head at budget 0,
+so a chain round is the stock chain's)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_v2_server_args import TARGET
+from v2_helpers import run_python
+
+SCRIPT = r'''
+import json, sys
+from types import SimpleNamespace
+import torch
+from sglang.srt import server_args as S
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context, get_spec
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
+from sglang.srt.speculative.ddtree_v2.graph_widths import runner_widths, select_for_batch
+from sglang.srt.speculative.ddtree_v2.round import DDTreeRound
+from sglang.srt.speculative.ddtree_v2.draft_schedule import ScheduledDraftHead
+from sglang.srt.speculative.ddtree_v2.draft_topk import DraftTreeBuilder
+tgt, drf = sys.argv[1], sys.argv[2]
+common = ["--model-path", tgt, "--skip-tokenizer-init", "--attention-backend", "triton", "--grammar-backend", "none",
+          "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drf]
+CAPTURE = [1, 2, 4, 8, 12, 16, 24, 32]
+TritonAttnBackend = type("TritonAttnBackend", (), {})  # the mask policy reads the class name only
+MASK_BUF = torch.zeros(8, dtype=torch.bool)
+
+
+def runner_for(sa, is_draft=False):
+    """A bare DecodeCudaGraphRunner with what its width paths read (its GPU __init__ is not run)."""
+    get_context().set_server_args(sa)
+    r = object.__new__(DecodeCudaGraphRunner)
+    r.captured_req_width = sa.speculative_num_draft_tokens  # what __init__ assigns (through the setter)
+    mr = SimpleNamespace(is_draft_worker=is_draft, spec_algorithm=SpeculativeAlgorithm.DFLASH,
+                         attn_backend=TritonAttnBackend())
+    r.model_runner = mr
+    r._ddtree_widths = runner_widths(mr, get_spec()) if sa.speculative_ddtree_budget is not None else None
+    r.capture_bs = CAPTURE
+    r.buffers = SimpleNamespace(custom_mask=MASK_BUF)
+    r.ragged_verify_mode = False
+    return r
+
+
+def spec_at(r, bs):
+    """What the runner captures at size bs: its width and the capture spec info."""
+    if r._ddtree_widths is not None:
+        r._ddtree_widths.select(bs)
+    width = r.captured_req_width
+    info = r.get_spec_info(bs * width)
+    return {"width": width, "draft_token_num": info.draft_token_num, "mask": info.custom_mask is MASK_BUF,
+            "hidden": int(info.capture_hidden_mode)}
+
+
+out = {}
+sched = prepare_server_args(common + ["--speculative-ddtree-budget", "1:64,8:32,16:16,32:0"])
+single = prepare_server_args(common + ["--speculative-ddtree-budget", "15"])
+chain = prepare_server_args(common)
+
+r = runner_for(sched)
+out["unselected_width"] = r.captured_req_width
+out["capture"] = {bs: spec_at(r, bs) for bs in CAPTURE}
+replay = {}
+for raw in (1, 3, 5, 8, 9, 13, 17, 25, 32, 40):
+    select_for_batch(r, raw)
+    replay[raw] = [r._ddtree_widths.bs, r.captured_req_width]
+out["replay"] = replay
+r1 = runner_for(single)
+out["single"] = {"widths": r1._ddtree_widths is None, "capture": {bs: spec_at(r1, bs) for bs in (1, 32)}}
+rc = runner_for(chain)
+out["stock_chain"] = {bs: spec_at(rc, bs) for bs in (16, 32)}
+out["draft_runner"] = runner_for(sched, is_draft=True)._ddtree_widths is None
+
+# the round: budget from the padded size; the draft's and the target's capture lists must agree
+get_context().set_server_args(sched)
+rnd = DDTreeRound.for_worker(sched, block_size=4)
+def worker(target_bs, draft_bs):
+    mk = lambda sizes: SimpleNamespace(decode_cuda_graph_runner=SimpleNamespace(capture_bs=sizes) if sizes else None)
+    return SimpleNamespace(model_runner=mk(target_bs), draft_model_runner=mk(draft_bs))
+w = worker(CAPTURE, CAPTURE)
+out["round"] = {raw: [rnd.tree_round(w, raw), rnd.budget, rnd.n1] for raw in (1, 7, 8, 9, 15, 16, 17, 25, 33)}
+eager = DDTreeRound.for_worker(sched, block_size=4)
+out["round_eager"] = {raw: [eager.tree_round(worker(None, None), raw), eager.budget] for raw in (7, 9, 31, 33)}
+bad = DDTreeRound.for_worker(sched, block_size=4)
+try:
+    bad.tree_round(worker(CAPTURE, [1, 2, 4, 8]), 3)
+    out["mismatch"] = "no error"
+except RuntimeError as e:
+    out["mismatch"] = str(e)
+out["counts"] = [rnd.rounds, rnd.chain_rounds]
+
+# the draft graph's tail per captured size: the base's own greedy head at budget 0, the tree builders elsewhere
+g = torch.Generator().manual_seed(7)
+V, H, block = 48, 16, 4
+lm_head = SimpleNamespace(weight=torch.randn(V, H, generator=g))
+head = rnd.draft_builder(lm_head=lm_head, vocab_size=V, max_bs=32, tp_group=SimpleNamespace(world_size=1),
+                         device="cpu", chain_head_cls=_DflashDraftSampler)
+out["head"] = {"type": type(head).__name__, "trees": sorted(head.trees), "chain": type(head.chain).__name__}
+stock = _DflashDraftSampler(weight=lm_head.weight, block_size=block, num_org=V, org_vocab_start=0, max_bs=32)
+res = {}
+for bs in (32, 24, 8, 1):
+    hidden = torch.randn(bs * block, H, generator=g)
+    ids = torch.randint(0, V, (bs * block,), generator=g)
+    head(hidden, ids)  # the capture-hook body at this captured size
+    budget = sched_budget = int(rnd.schedule.budget_for(bs))
+    if budget == 0:
+        stock(hidden, ids)
+        n = bs * (block - 1)
+        res[bs] = {"budget": 0, "chain_equal": bool(torch.equal(head.out[:n], stock.out[:n]))}
+    else:
+        ref = DraftTreeBuilder(lm_head=lm_head, block_size=block, budget=budget, vocab_size=V, max_bs=0,
+                               device="cpu").build(hidden, ids.view(bs, block)[:, 0])
+        got = head.read(budget, bs)
+        res[bs] = {"budget": budget, "n1": int(got.tree.token.shape[1]),
+                   "tree_equal": all(bool(torch.equal(getattr(got.tree, f), getattr(ref.tree, f)))
+                                     for f in ("token", "parent", "depth", "num_nodes")),
+                   "mask_equal": bool(torch.equal(got.mask, ref.mask))}
+out["tail"] = res
+print("RESULT" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def sched(v2_trees, tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("sched")
+    tgt, drf = work / "tgt", work / "drf"
+    tgt.mkdir()
+    drf.mkdir()
+    (tgt / "config.json").write_text(json.dumps(TARGET))
+    (drf / "config.json").write_text(json.dumps(dict(
+        TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
+        num_target_layers=4, block_size=4, dflash_config={"block_size": 4, "target_layer_ids": [0, 2],
+                                                          "mask_token": "<|mask|>", "mask_token_id": 3})))
+    tree: Path = v2_trees("0.5.17")
+    r = run_python(tree, work, SCRIPT, str(tgt), str(drf), fake_cuda=True)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return json.loads(line[len("RESULT"):])
+
+
+BUDGET = {1: 64, 2: 64, 4: 64, 8: 32, 12: 32, 16: 16, 24: 16, 32: 0}
+
+
+def test_target_graph_width_per_captured_size(sched):
+    """Each captured size gets budget(bs) + 1 (the block at budget 0), captured with the tree-mask buffer only at
+    tree sizes; before a size is selected the runner reports the widest verify (its buffers are sized by it)."""
+    assert sched["unselected_width"] == 65
+    for bs, budget in BUDGET.items():
+        cap = sched["capture"][str(bs)]
+        width = budget + 1 if budget else 4
+        assert cap["width"] == cap["draft_token_num"] == width, (bs, cap)
+        assert cap["mask"] == (budget > 0), (bs, cap)
+
+
+def test_chain_size_captures_the_stock_chain_verify(sched):
+    """At a budget-0 size the target's graph is captured exactly as the stock chain's (DDTree off)."""
+    assert sched["capture"]["32"] == sched["stock_chain"]["32"]
+    assert sched["stock_chain"]["32"]["width"] == 4 and not sched["stock_chain"]["32"]["mask"]
+
+
+def test_replay_width_from_the_padded_size(sched):
+    """A batch replays at the smallest captured size >= its own, with that size's width; past the largest size
+    (eager) its own size decides."""
+    want = {1: [1, 65], 3: [4, 65], 5: [8, 33], 8: [8, 33], 9: [12, 33], 13: [16, 17], 17: [24, 17], 25: [32, 4],
+            32: [32, 4], 40: [40, 4]}
+    assert {int(k): v for k, v in sched["replay"].items()} == want
+
+
+def test_single_budget_keeps_one_width(sched):
+    """One N: no per-size widths at all (the proven single-budget path), the draft runner never has any."""
+    single = sched["single"]
+    assert single["widths"] and sched["draft_runner"]
+    assert single["capture"]["1"]["width"] == single["capture"]["32"]["width"] == 16
+    assert single["capture"]["1"]["mask"] and single["capture"]["32"]["mask"]
+
+
+def test_round_budget_from_the_padded_size(sched):
+    got = {int(k): v for k, v in sched["round"].items()}
+    assert got == {1: [True, 64, 65], 7: [True, 32, 33], 8: [True, 32, 33], 9: [True, 32, 33],
+                   15: [True, 16, 17], 16: [True, 16, 17], 17: [True, 16, 17], 25: [False, 0, 1],
+                   33: [False, 0, 1]}
+    assert sched["counts"] == [0, 2]  # two chain rounds picked (finish_round counts the tree rounds it runs)
+    eager = {int(k): v for k, v in sched["round_eager"].items()}
+    assert eager == {7: [True, 64], 9: [True, 32], 31: [True, 16], 33: [False, 0]}  # no graphs: the raw size
+    assert "captured at batch sizes [1, 2, 4, 8, 12, 16, 24, 32] but the draft's at [1, 2, 4, 8]" in sched["mismatch"]
+
+
+def test_draft_graph_tail_per_size(sched):
+    """The draft tail at a chain size is the base's own greedy head (its tokens equal a stock sampler's on the
+    same hidden states: the chain round reads them as the stock worker does); at tree sizes the tree equals the
+    eager build of that size's budget."""
+    assert sched["head"] == {"type": "ScheduledDraftHead", "trees": [16, 32, 64], "chain": "_DflashDraftSampler"}
+    tail = {int(k): v for k, v in sched["tail"].items()}
+    assert tail[32] == {"budget": 0, "chain_equal": True}
+    for bs, budget in ((24, 16), (8, 32), (1, 64)):
+        assert tail[bs] == {"budget": budget, "n1": budget + 1, "tree_equal": True, "mask_equal": True}, bs
