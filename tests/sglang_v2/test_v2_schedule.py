@@ -66,11 +66,37 @@ chain = prepare_server_args(common)
 r = runner_for(sched)
 out["unselected_width"] = r.captured_req_width
 out["capture"] = {bs: spec_at(r, bs) for bs in CAPTURE}
+from sglang.srt.speculative.ddtree_v2.verify_input import DDTreeVerifyInput
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+TREE_IN = object.__new__(DDTreeVerifyInput)
+CHAIN_IN = object.__new__(DFlashVerifyInput)
 replay = {}
 for raw in (1, 3, 5, 8, 9, 13, 17, 25, 32, 40):
-    select_for_batch(r, raw)
-    replay[raw] = [r._ddtree_widths.bs, r.captured_req_width]
+    spec = TREE_IN if raw < 25 else CHAIN_IN  # what the round sends at that size
+    select_for_batch(r, SimpleNamespace(batch_size=raw, spec_info=spec))
+    replay[raw] = [r._ddtree_widths.bs, r.captured_req_width, r._make_graph_key(r._ddtree_widths.bs).variant_label]
 out["replay"] = replay
+select_for_batch(r, SimpleNamespace(batch_size=3, spec_info=CHAIN_IN))  # no chain graph at 4 without adaptation
+out["chain_at_tree_size"] = [r.captured_req_width, r._make_graph_key(4).variant_label]
+
+# adaptation: tree sizes are captured a second time as the chain, under their own graph key
+adapt = prepare_server_args(common + ["--speculative-ddtree-budget", "1:64,8:32,16:16,32:0",
+                                      "--speculative-ddtree-adapt"])
+ra = runner_for(adapt)
+out["adapt_kinds"] = {bs: list(ra._ddtree_widths.kinds(bs)) for bs in CAPTURE}
+caps = {}
+for bs in (1, 16, 32):
+    for kind in ra._ddtree_widths.kinds(bs):
+        ra._ddtree_widths.select(bs, kind)
+        info = ra.get_spec_info(bs * ra.captured_req_width)
+        caps[f"{bs}-{kind}"] = {"width": ra.captured_req_width, "draft_token_num": info.draft_token_num,
+                                "mask": info.custom_mask is MASK_BUF, "hidden": int(info.capture_hidden_mode),
+                                "label": ra._make_graph_key(bs, None, "lora").variant_label}
+out["adapt_capture"] = caps
+select_for_batch(ra, SimpleNamespace(batch_size=3, spec_info=CHAIN_IN))
+out["adapt_replay_chain"] = [ra._ddtree_widths.bs, ra.captured_req_width, ra._make_graph_key(4).variant_label]
+ra._ddtree_widths.select(None)
+out["adapt_unselected"] = ra.captured_req_width
 r1 = runner_for(single)
 out["single"] = {"widths": r1._ddtree_widths is None, "capture": {bs: spec_at(r1, bs) for bs in (1, 32)}}
 rc = runner_for(chain)
@@ -169,7 +195,27 @@ def test_replay_width_from_the_padded_size(sched):
     (eager) its own size decides."""
     want = {1: [1, 65], 3: [4, 65], 5: [8, 33], 8: [8, 33], 9: [12, 33], 13: [16, 17], 17: [24, 17], 25: [32, 4],
             32: [32, 4], 40: [40, 4]}
-    assert {int(k): v for k, v in sched["replay"].items()} == want
+    assert {int(k): v[:2] for k, v in sched["replay"].items()} == want
+    assert all(v[2] is None for v in sched["replay"].values()), "each size's own graph: the base's key"
+    # a chain verify at a tree size without adaptation finds the tree's width (65 != 4): it runs eagerly
+    assert sched["chain_at_tree_size"] == [65, None]
+
+
+def test_adaptation_captures_the_chain_beside_each_tree(sched):
+    """With --speculative-ddtree-adapt every tree size also has a chain graph (the block's width, no tree mask,
+    the stock chain's capture) under a key of its own; chain sizes keep their one graph."""
+    kinds = {int(k): v for k, v in sched["adapt_kinds"].items()}
+    assert kinds == {bs: (["tree", "chain"] if b else ["chain"]) for bs, b in BUDGET.items()}
+    caps = sched["adapt_capture"]
+    assert caps["1-tree"]["width"] == 65 and caps["1-tree"]["mask"] and caps["1-tree"]["label"] == "lora"
+    assert caps["16-tree"]["width"] == 17 and caps["16-tree"]["mask"]
+    stock = {k: sched["stock_chain"]["32"][k] for k in ("width", "draft_token_num", "mask", "hidden")}
+    for key in ("1-chain", "16-chain"):
+        assert {k: caps[key][k] for k in stock} == stock, key
+        assert caps[key]["label"] == "lora+ddtree-chain"
+    assert caps["32-chain"]["label"] == "lora"  # the chain is the primary graph there
+    assert sched["adapt_replay_chain"] == [4, 4, "ddtree-chain"]
+    assert sched["adapt_unselected"] == 65
 
 
 def test_single_budget_keeps_one_width(sched):

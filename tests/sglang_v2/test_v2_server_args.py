@@ -55,6 +55,9 @@ CASES = {
     "sched_first": ["--speculative-ddtree-budget", "4:64,8:0"],
     "sched_order": ["--speculative-ddtree-budget", "1:64,16:8,8:0"],
     "word": ["--speculative-ddtree-budget", "big"],
+    "sched_adapt": ["--speculative-ddtree-budget", "1:2,4:0", "--speculative-ddtree-adapt"],
+    "b2_adapt": ["--speculative-ddtree-budget", "2", "--speculative-ddtree-adapt"],
+    "adapt_alone": ["--speculative-ddtree-adapt"],
 }
 out = {}
 for name, extra in CASES.items():
@@ -74,8 +77,9 @@ for name, extra in CASES.items():
                      "target_width": width(n, False), "draft_width": width(n, True),
                      "copy_is_target": draft is sa, "copy_num_draft_tokens": draft.speculative_num_draft_tokens,
                      "copy_draft_width": width(draft.speculative_num_draft_tokens, True),
-                     "target_after_copy": sa.speculative_num_draft_tokens}
-    except Exception as e:
+                     "target_after_copy": sa.speculative_num_draft_tokens,
+                     "adapt": getattr(sa, "speculative_ddtree_adapt", None)}
+    except BaseException as e:  # an unknown flag (--speculative-ddtree-adapt before 0.5.17) exits argparse
         out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 # EAGLE with a budget: refused before any EAGLE handling
 try:
@@ -224,3 +228,17 @@ def test_bad_schedules_name_the_flag(v2_base, resolved, case, words):
         return
     for w in words:
         assert w in c["msg"], (w, c["msg"])
+
+
+def test_adaptation_flag(v2_base, resolved):
+    """0.5.17: --speculative-ddtree-adapt sizes the target for the chain's block too (a tree size may drop to the
+    chain); it needs a budget. Older bases have no such flag."""
+    if v2_base != "0.5.17":
+        assert not resolved["sched_adapt"]["ok"] and resolved["sched_adapt"]["type"] == "SystemExit"
+        return
+    a, b = resolved["sched_adapt"], resolved["b2_adapt"]
+    assert a["ok"] and a["adapt"] and a["schedule"] == "1:2,4:0" and a["num_draft_tokens"] == 4, a
+    assert b["ok"] and b["budget"] == 2 and b["num_draft_tokens"] == 4, b  # block 4 > the b2 tree's 3
+    assert resolved["b2"]["num_draft_tokens"] == 3  # without adaptation: the tree's width
+    c = resolved["adapt_alone"]
+    assert not c["ok"] and "--speculative-ddtree-adapt needs --speculative-ddtree-budget" in c["msg"], c

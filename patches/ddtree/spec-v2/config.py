@@ -110,10 +110,15 @@ def verify_width(budget: int, block_size: int) -> int:
     return int(budget) + 1 if int(budget) > 0 else int(block_size)
 
 
-def max_verify_width(schedule: Any, block_size: int) -> int:
+def max_verify_width(schedule: Any, block_size: int, *, with_chain: bool = False) -> int:
     """The widest verify of a schedule: what ``speculative_num_draft_tokens`` (the target's buffers, the KV
-    reservation) is sized by."""
-    return max(verify_width(b, block_size) for b in schedule.budgets)
+    reservation) is sized by. ``with_chain``: the chain's block counts too (adaptation may run it at any size)."""
+    widths = [verify_width(b, block_size) for b in schedule.budgets]
+    return max(widths + ([int(block_size)] if with_chain else []))
+
+
+def adapt_on(args: Any) -> bool:
+    return bool(getattr(args, "speculative_ddtree_adapt", False))
 
 
 def schedule_of(args: Any) -> Any:
@@ -131,6 +136,9 @@ def schedule_of(args: Any) -> Any:
 def check_algorithm(server_args: Any) -> None:
     """The budget only means something under DFLASH: DDTree builds its tree from the DFlash drafter."""
     if getattr(server_args, "speculative_ddtree_budget", None) is None:
+        if adapt_on(server_args):
+            raise ValueError("--speculative-ddtree-adapt needs --speculative-ddtree-budget (a budget or schedule to "
+                             "adapt).")
         return
     if server_args.speculative_algorithm != "DFLASH":
         raise ValueError("--speculative-ddtree-budget requires --speculative-algorithm DFLASH (DDTree builds its "
@@ -160,7 +168,8 @@ def pre_resolve(server_args: Any) -> Any:
     if server_args.speculative_num_draft_tokens is not None:
         block = server_args.speculative_dflash_block_size
         already = (block is not None and parsed is not AUTO
-                   and int(server_args.speculative_num_draft_tokens) == max_verify_width(parsed, int(block)))
+                   and int(server_args.speculative_num_draft_tokens)
+                   == max_verify_width(parsed, int(block), with_chain=adapt_on(server_args)))
         if not already:
             raise ValueError(
                 "With --speculative-ddtree-budget the verify width is budget + 1 and is set automatically; do not "
@@ -245,7 +254,7 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     schedule = resolve_auto(block_size) if parsed is AUTO else parsed
     if isinstance(parsed, int):  # a caller with a plain budget (the pre-schedule interface)
         schedule = _schedule_mod().Schedule.of(parsed)
-    width = max_verify_width(schedule, block_size)
+    width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
     if width > MAX_VERIFY_WIDTH:
         raise ValueError(f"{BUDGET_FLAG}={schedule}: the verify width (budget + 1) must be <= {MAX_VERIFY_WIDTH}.")
     server_args.speculative_dflash_block_size = block_size
@@ -253,8 +262,9 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     server_args.speculative_ddtree_budget = schedule.max_budget
     if hasattr(server_args, "speculative_ddtree_schedule") or not schedule.is_single:
         server_args.speculative_ddtree_schedule = str(schedule)
-    logger.info("DDTree enabled: budget schedule %s%s, widest verify %d, draft block size %d.", schedule,
-                " (auto)" if parsed is AUTO else "", width, block_size)
+    logger.info("DDTree enabled: budget schedule %s%s%s, widest verify %d, draft block size %d.", schedule,
+                " (auto)" if parsed is AUTO else "", ", adapted online" if adapt_on(server_args) else "", width,
+                block_size)
 
 
 def enabled(server_args: Any) -> bool:

@@ -5,8 +5,9 @@ The base folds the chain's greedy head (``_DflashDraftSampler``) into the draft 
 DDTree folds its per-depth top-k and tree build there instead (:class:`.draft_topk.DraftTreeBuilder`). With a
 schedule, the graph captured at batch size B gets the tree builder of ``budget(B)`` (one builder per distinct
 budget, each with its own fixed buffers), or, at budget 0, the base's own greedy head, so a chain round reads
-``.out`` exactly as the stock worker does and is token-identical to it. The draft graph's width stays the
-drafter's block at every size; only its tail differs.
+``.out`` exactly as the stock worker does and is token-identical to it. With adaptation on, tree sizes run the
+greedy head as well (a round there may drop to the chain). The draft graph's width stays the drafter's block at
+every size; only its tail differs.
 """
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ class ScheduledDraftHead:
     """Capture tail hook + replay reader for a schedule (see the module docstring)."""
 
     def __init__(self, *, schedule: Any, block_size: int, trees: dict[int, DraftTreeBuilder],
-                 chain: Optional[Any]):
+                 chain: Optional[Any], also_chain: bool = False):
         self.schedule = schedule
         self.block_size = int(block_size)
         self.trees = dict(trees)
         self.chain = chain
+        self.also_chain = bool(also_chain)  # adaptation: tree sizes may run the chain's round too
         missing = [b for b in schedule.budgets if b > 0 and b not in self.trees]
-        if missing or (0 in schedule.budgets and chain is None):
+        if missing or ((0 in schedule.budgets or self.also_chain) and chain is None):
             raise ValueError(f"DDTree draft head for {schedule}: no builder for budget(s) "
                              f"{missing or [0]}")
 
@@ -42,9 +44,9 @@ class ScheduledDraftHead:
         """Tail hook body at capture: the builder of this captured size's budget (or the chain's head)."""
         bs = int(hidden_states.shape[0]) // self.block_size
         budget = int(self.schedule.budget_for(bs))
-        if budget == 0:
+        if budget == 0 or self.also_chain:
             self.chain(hidden_states, input_ids)
-        else:
+        if budget > 0:
             self.trees[budget](hidden_states, input_ids)
 
     def read(self, budget: int, bs: int, root_tokens: Optional[torch.Tensor] = None) -> DraftTreeOut:

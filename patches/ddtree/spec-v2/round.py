@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from .compat import base_name, next_draft_input_decode
-from .config import (PROVEN_BACKENDS, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, enabled,
+from .adapt import Adaptation
+from .config import (PROVEN_BACKENDS, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, adapt_on, enabled,
                      max_verify_width, schedule_of)
 from .draft_schedule import ScheduledDraftHead, chain_head
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
@@ -74,7 +75,9 @@ class DDTreeRound:
         self.n1 = self.budget + 1
         self.block = int(block_size)
         self.depth = self.block - 1
-        self.has_chain = 0 in self.schedule.budgets
+        self.adapt_on = adapt_on(server_args)
+        self.adapt: Optional[Adaptation] = None  # made at the first round (needs the capture sizes, the device)
+        self.has_chain = 0 in self.schedule.budgets or self.adapt_on
         self.allow_unproven = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
         self.backend_name = "triton"
         self.prefix_cols = False
@@ -91,7 +94,7 @@ class DDTreeRound:
         if not enabled(server_args):
             return None
         schedule = schedule_of(server_args)
-        width = max_verify_width(schedule, block_size)
+        width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
         if int(server_args.speculative_num_draft_tokens) != width:
             raise RuntimeError("DDTree verify width must be the schedule's widest (budget + 1, or the block at "
                                f"budget 0): speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
@@ -142,7 +145,7 @@ class DDTreeRound:
             b.warm_up(device)
             return b
 
-        if self.schedule.is_single:
+        if self.schedule.is_single and not self.adapt_on:
             self.builder = tree(self.max_budget)
             logger.info("DDTree draft top-k and tree build folded into the draft cuda graph (budget=%d, k=%d, "
                         "max_bs=%d).", self.max_budget, self.builder.k, max_bs)
@@ -155,7 +158,8 @@ class DDTreeRound:
             chain = chain_head(chain_head_cls, lm_head=lm_head, block_size=self.block, max_bs=max_bs,
                                tp_group=tp_group)
         trees = {b: tree(b) for b in self.schedule.budgets if b > 0}
-        self.builder = ScheduledDraftHead(schedule=self.schedule, block_size=self.block, trees=trees, chain=chain)
+        self.builder = ScheduledDraftHead(schedule=self.schedule, block_size=self.block, trees=trees, chain=chain,
+                                          also_chain=self.adapt_on)
         logger.info("DDTree draft heads folded into the draft cuda graph per batch size (schedule %s, max_bs=%d).",
                     self.schedule, max_bs)
         return self.builder
@@ -182,9 +186,17 @@ class DDTreeRound:
     def tree_round(self, worker: Any, bs: int) -> bool:
         """Pick this round's budget from the padded (captured) batch size, before anything is built: True for a
         tree round; False = budget 0, the stock chain round runs (its draft head, causal verify and commit)."""
-        if self.schedule.is_single:
+        if self.schedule.is_single and not self.adapt_on:
             return True
-        budget = int(self.schedule.budget_for(pad_to_captured(bs, self.capture_sizes(worker))))
+        sizes = self.capture_sizes(worker)
+        padded = pad_to_captured(bs, sizes)
+        budget = int(self.schedule.budget_for(padded))
+        if self.adapt_on:
+            if self.adapt is None:
+                self.adapt = Adaptation(schedule=self.schedule, block_size=self.block,
+                                        sizes=sizes or range(1, 257), device=worker.device)
+            self.adapt.tick()
+            budget = self.adapt.budget_for(padded, budget)
         self.budget, self.n1 = budget, budget + 1
         if budget == 0:
             self.chain_rounds += 1
@@ -322,6 +334,8 @@ class DDTreeRound:
         target = target_tokens_per_node(logits, sampling_info, bs, n1)
         walk = rt.accept_walk(tree, target)
         commit_lens = (walk.accept_len + 1).to(torch.int32)
+        if self.adapt is not None:
+            self.adapt.record(tree, target, walk.accepted_nodes, commit_lens, self.budget)
         out_tokens = walk.accepted_tokens.clamp(min=0)
         bonus = walk.bonus_token
 
