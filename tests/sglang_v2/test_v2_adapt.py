@@ -82,8 +82,8 @@ def test_round_counters_equal_a_brute_force_count(case):
         commit = (walk.accept_len + 1).to(torch.int32)
         ad.record(tree, target, walk.accepted_nodes, commit, budget)
         o, h = _brute(tree, target, walk, block - 1)
-        want_obs = [[a + b for a, b in zip(x, y)] for x, y in zip(want_obs, o)]
-        want_hits = [[a + b for a, b in zip(x, y)] for x, y in zip(want_hits, h)]
+        want_obs = [[a + b for a, b in zip(x, y, strict=True)] for x, y in zip(want_obs, o, strict=True)]
+        want_hits = [[a + b for a, b in zip(x, y, strict=True)] for x, y in zip(want_hits, h, strict=True)]
         tokens += int(commit.sum())
     assert ad.obs.view(block - 1, A.RANKS).tolist() == want_obs
     assert ad.hits.view(block - 1, A.RANKS).tolist() == want_hits

@@ -274,7 +274,7 @@ def interpolate_round_ms(table: Mapping[int, Mapping[int, float]], budget: int, 
         xs = sorted(row)
         if len(xs) == 1 or bs <= xs[0]:
             return float(row[xs[0]])
-        for lo, hi in zip(xs, xs[1:]):
+        for lo, hi in zip(xs, xs[1:], strict=False):
             if bs <= hi:
                 return row[lo] + (row[hi] - row[lo]) * (bs - lo) / (hi - lo)
         lo, hi = xs[-2], xs[-1]
