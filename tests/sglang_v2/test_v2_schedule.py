@@ -4,12 +4,8 @@ budget from the padded batch size, and the draft graph's tail per size (the base
 so a chain round is the stock chain's)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-from test_v2_server_args import TARGET
-from v2_helpers import run_python
+from test_v2_server_args import run_with_models
 
 SCRIPT = r'''
 import json, sys
@@ -154,20 +150,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def sched(v2_trees, tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("sched")
-    tgt, drf = work / "tgt", work / "drf"
-    tgt.mkdir()
-    drf.mkdir()
-    (tgt / "config.json").write_text(json.dumps(TARGET))
-    (drf / "config.json").write_text(json.dumps(dict(
-        TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
-        num_target_layers=4, block_size=4, dflash_config={"block_size": 4, "target_layer_ids": [0, 2],
-                                                          "mask_token": "<|mask|>", "mask_token_id": 3})))
-    tree: Path = v2_trees("0.5.17")
-    r = run_python(tree, work, SCRIPT, str(tgt), str(drf), fake_cuda=True)
-    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
-    assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
-    return json.loads(line[len("RESULT"):])
+    return run_with_models(v2_trees("0.5.17"), tmp_path_factory.mktemp("sched"), SCRIPT)
 
 
 BUDGET = {1: 64, 2: 64, 4: 64, 8: 32, 12: 32, 16: 16, 24: 16, 32: 0}

@@ -99,9 +99,9 @@ print("RESULT" + json.dumps(out))
 '''
 
 
-@pytest.fixture(scope="module")
-def resolved(v2_tree: Path, tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("args")
+def run_with_models(tree: Path, work: Path, script: str) -> dict:
+    """``script`` in the patched ``tree`` (fake sm90 CUDA) with a tiny target and block-4 drafter config as its
+    two arguments; its RESULT line, parsed."""
     tgt, drf = work / "tgt", work / "drf"
     tgt.mkdir()
     drf.mkdir()
@@ -110,10 +110,15 @@ def resolved(v2_tree: Path, tmp_path_factory) -> dict:
         TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
         num_target_layers=4, block_size=4, dflash_config={"block_size": 4, "target_layer_ids": [0, 2],
                                                           "mask_token": "<|mask|>", "mask_token_id": 3})))
-    r = run_python(v2_tree, work, SCRIPT, str(tgt), str(drf), fake_cuda=True)
+    r = run_python(tree, work, script, str(tgt), str(drf), fake_cuda=True)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     return json.loads(line[len("RESULT"):])
+
+
+@pytest.fixture(scope="module")
+def resolved(v2_tree: Path, tmp_path_factory) -> dict:
+    return run_with_models(v2_tree, tmp_path_factory.mktemp("args"), SCRIPT)
 
 
 def test_chain_unchanged(resolved):
