@@ -6,7 +6,7 @@ Sub-commands
                            models tiny: start-up, not the GPU, is the cost), then `report`
   report OUTDIR RESULT     compare every configuration with its autoregressive baseline, write RESULT.json/.md
 
-Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-graph][-prof][-launch]:
+Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-launch]:
   MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
             agree : bench/e2e/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
@@ -20,6 +20,7 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-graph][-prof][-launch]:
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
   -sched    (ddtree, 0.5.17) --speculative-ddtree-budget $E2E_DDTREE_SCHEDULE (default auto: the built-in
             cost model's batch-size schedule)
+  -adapt    (ddtree, 0.5.17) --speculative-ddtree-adapt: the schedule adapted online
   -graph    CUDA graphs on (default: --disable-cuda-graph)
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
@@ -82,6 +83,8 @@ def parse(name: str) -> dict:
             cfg["budget"] = os.environ.get("E2E_DDTREE_SCHEDULE", "auto")
         elif p == "launch":
             cfg["round_stats"] = True
+        elif p == "adapt":  # --speculative-ddtree-adapt (0.5.17)
+            cfg["adapt"] = True
         elif p == "graph":
             cfg["graph"] = True
         elif p == "pgraph":  # decode graphs and the base's piecewise (breakable) prefill graphs (0.5.14+)
@@ -146,6 +149,8 @@ def engine_kwargs(cfg: dict) -> dict:
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
     if cfg["algo"] == "ddtree":
         kw["speculative_ddtree_budget"] = cfg["budget"]
+        if cfg.get("adapt"):
+            kw["speculative_ddtree_adapt"] = True
     return kw
 
 
