@@ -8,12 +8,16 @@ round_share.py, chisq.py, post_call4.py), not SGLang: its outputs are what a los
   p-values of a dry run are uniform.
 - meta: spec_verify_ct / spec_accepted_drafts from a nominal tokens-per-round (1 for AR).
 - start_profile / stop_profile: a small chrome trace with the frames, launches and kernels of a DDTree round.
+- `-launch` configurations: each decode round calls a stand-in worker's forward_batch_generation, wrapped by
+  bench/e2e/round_stats_hook/sitecustomize.py as SGLang's worker is, so its files and summary are exercised.
 """
 from __future__ import annotations
 
 import gzip
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -23,12 +27,45 @@ CYCLE = [100, 101, 102, 103]
 NEXT = {CYCLE[i]: CYCLE[(i + 1) % 4] for i in range(4)}
 
 
+class _DecodeMode:
+    def is_decode(self) -> bool:
+        return True
+
+
+class DryBatch:
+    """What the round-stats hook reads of a decode batch."""
+
+    def __init__(self, bs: int) -> None:
+        self.forward_mode = _DecodeMode()
+        self.seq_lens = torch.zeros(bs, dtype=torch.int64)
+        self.is_extend_in_batch = False
+
+
+class DryWorker:
+    def forward_batch_generation(self, batch: DryBatch) -> torch.Tensor:
+        return (batch.seq_lens + 1).sum()  # a little host work standing in for a round's launches
+
+
+def largest_budget(budget: object) -> int:
+    """A budget N, or a schedule's largest budget (auto: the built-in table's 64)."""
+    if budget is None:
+        return 1
+    text = str(budget)
+    if text == "auto":
+        return 64
+    return max(int(e.split(":")[-1]) for e in text.split(",")) or 1
+
+
 class DryEngine:
     def __init__(self, cfg: dict, model_dir: str) -> None:
         self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.tpr = 1.0 if cfg["algo"] == "ar" else 1.34 if cfg["algo"] == "chain" else 1.0 + math.log2(
-            1 + (cfg["budget"] or 1)) / 2
+            1 + largest_budget(cfg["budget"])) / 2
+        hook = sys.modules.get("sitecustomize")
+        self.worker = DryWorker()
+        if os.environ.get("DDTREE_ROUND_STATS") and hasattr(hook, "_wrap"):
+            DryWorker.forward_batch_generation = hook._wrap("DryWorker", DryWorker.forward_batch_generation)
         self.gen = torch.Generator().manual_seed(0)
         self._law: dict[float, torch.Tensor] = {}
         self._prof_dir: Path | None = None
@@ -80,6 +117,8 @@ class DryEngine:
                             spec_accept_length=len(o) / rounds)
             res.append({"output_ids": o, "meta_info": meta})
         self._last_rounds = max((m["meta_info"].get("spec_verify_ct") or 1) for m in res)
+        for _ in range(self._last_rounds if self.cfg["algo"] != "ar" else max(len(o) for o in outs)):
+            self.worker.forward_batch_generation(DryBatch(len(input_ids)))
         return res
 
     def start_profile(self, output_dir: str, **_: object) -> None:

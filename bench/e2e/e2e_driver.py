@@ -6,7 +6,7 @@ Sub-commands
                            models tiny: start-up, not the GPU, is the cost), then `report`
   report OUTDIR RESULT     compare every configuration with its autoregressive baseline, write RESULT.json/.md
 
-Configurations are named MODELSET-ALGO[-bBUDGET][-graph][-prof]:
+Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-launch]:
   MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
             agree : bench/e2e/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
@@ -18,10 +18,15 @@ Configurations are named MODELSET-ALGO[-bBUDGET][-graph][-prof]:
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
+  -sched    (ddtree, 0.5.17) --speculative-ddtree-budget $E2E_DDTREE_SCHEDULE (default auto: the built-in
+            cost model's batch-size schedule)
+  -adapt    (ddtree, 0.5.17) --speculative-ddtree-adapt: the schedule adapted online
   -graph    CUDA graphs on (default: --disable-cuda-graph)
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
             bench/e2e/round_share.py
+  -launch   launches and host µs per decode round of the worker (bench/e2e/round_stats_hook/sitecustomize.py in the
+            scheduler process; summarised by bench/e2e/round_stats.py into the JSON's round_stats and the report)
 
 Workloads: greedy (temperature 0) generation of fixed random prompts as batches of 1, 4 and 16 concurrent
 requests; `stop` (agree only): stop_token_ids inside the accepted path; `sample-T` (agree, eager): E2E_SAMPLE_REPS x 16
@@ -77,6 +82,12 @@ def parse(name: str) -> dict:
     for p in parts[2:]:
         if p.startswith("b") and p[1:].isdigit():
             cfg["budget"] = int(p[1:])
+        elif p == "sched":  # a batch-size schedule (0.5.17): the flag's text, default the built-in cost model's
+            cfg["budget"] = os.environ.get("E2E_DDTREE_SCHEDULE", "auto")
+        elif p == "launch":
+            cfg["round_stats"] = True
+        elif p == "adapt":  # --speculative-ddtree-adapt (0.5.17)
+            cfg["adapt"] = True
         elif p == "graph":
             cfg["graph"] = True
         elif p == "pgraph":  # decode graphs and the base's piecewise (breakable) prefill graphs (0.5.14+)
@@ -141,6 +152,8 @@ def engine_kwargs(cfg: dict) -> dict:
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
     if cfg["algo"] == "ddtree":
         kw["speculative_ddtree_budget"] = cfg["budget"]
+        if cfg.get("adapt"):
+            kw["speculative_ddtree_adapt"] = True
     return kw
 
 
@@ -254,6 +267,10 @@ def run_one(name: str, outdir: Path) -> int:
         res["traceback"] = traceback.format_exc()[-4000:]
     finally:
         res["total_s"] = round(time.perf_counter() - t0, 2)
+        if cfg.get("round_stats"):
+            from round_stats import summarize
+
+            res["round_stats"] = summarize(round_stats_dir(outdir, name))
         (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
         try:
             engine.shutdown()
@@ -324,7 +341,11 @@ def speed_workloads(engine) -> dict:
     return out
 
 
-def config_env(cfg: dict) -> dict:
+def round_stats_dir(outdir: Path, name: str) -> Path:
+    return outdir / "round-stats" / name
+
+
+def config_env(cfg: dict, outdir: Path | None = None) -> dict:
     """Environment of one configuration's processes. `arv` (AR, verify math): SGLang's GDN decode uses the target
     verify kernel's math instead of its packed decode kernel (bench/e2e/gdn_unpacked_decode/sitecustomize.py says
     why); everything else is the `ar` configuration."""
@@ -337,9 +358,15 @@ def config_env(cfg: dict) -> dict:
         env.setdefault("E2E_SPEED_T", str(SAMPLED_SPEED_MODELSETS[cfg["modelset"]]))
     if cfg.get("sync_check"):
         env["DDTREE_SYNC_CHECK"] = "1"
+    hooks = []
     if cfg["algo"] == "arv":
-        hook = str(Path(__file__).resolve().parent / "gdn_unpacked_decode")
-        env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        hooks.append(str(Path(__file__).resolve().parent / "gdn_unpacked_decode"))
+    if cfg.get("round_stats") and outdir is not None:
+        # first on the path: its sitecustomize runs the next one (gdn_unpacked_decode's, the bundle's) itself
+        hooks.insert(0, str(Path(__file__).resolve().parent / "round_stats_hook"))
+        env["DDTREE_ROUND_STATS"] = str(round_stats_dir(outdir, cfg["name"]))
+    if hooks:
+        env["PYTHONPATH"] = os.pathsep.join(hooks + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
 
@@ -363,7 +390,7 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
             n = queue.pop(0)
             f = open(logs / f"{n}.log", "w")
             p = subprocess.Popen([sys.executable, __file__, "run", n, str(outdir)], stdout=f, stderr=subprocess.STDOUT,
-                                 start_new_session=False, env=config_env(parse(n)))
+                                 start_new_session=False, env=config_env(parse(n), outdir))
             running[n] = (p, time.time())
             print(f"[{time.time() - t0:6.1f}s] start {n}", flush=True)
             time.sleep(stagger_s)
@@ -396,7 +423,7 @@ def report(outdir: Path, result: Path) -> dict:
             continue
         if "config" in d:
             rs[d["config"]["name"]] = d
-    summary: dict = {"configs": {}, "lossless": {}, "vs_chain": {}, "acceptance": {}, "speed": {}}
+    summary: dict = {"configs": {}, "lossless": {}, "vs_chain": {}, "acceptance": {}, "speed": {}, "round_stats": {}}
     for name, d in rs.items():
         summary["configs"][name] = {k: d.get(k) for k in ("ok", "error", "startup_s", "total_s")}
         if d.get("traceback"):
@@ -471,6 +498,9 @@ def report(outdir: Path, result: Path) -> dict:
                 "round_ms_median": rms[len(rms) // 2] if rms else None,
                 "round_ms_all": rms,
             }
+    for name, d in rs.items():
+        if d.get("round_stats", {}).get("batches"):
+            summary["round_stats"][name] = d["round_stats"]
     expected_file = result.parent / "expected-acceptance.json"
     if expected_file.exists():  # measured acceptance on the agree models against the runtime-only replay
         expected = json.loads(expected_file.read_text())
@@ -521,6 +551,11 @@ def report(outdir: Path, result: Path) -> dict:
             for wl, v in wls.items():
                 lines.append(f"| {n} | {wl[len('speed-bs'):]} | {v['tok_per_s_median']} | {v['tok_per_s_all']} | "
                              f"{v['tokens_per_round']} | {v.get('round_ms_median')} |")
+    if summary["round_stats"]:
+        from round_stats import table
+
+        lines += ["", "## Launches and host µs per decode round (worker's forward_batch_generation; counts: median "
+                  "of the profiled rounds)", ""] + table(summary["round_stats"])
     result.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return summary
 

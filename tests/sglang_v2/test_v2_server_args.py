@@ -46,6 +46,18 @@ CASES = {
     "deterministic": ["--speculative-ddtree-budget", "15", "--enable-deterministic-inference"],
     "grammar": ["--speculative-ddtree-budget", "15", "--grammar-backend", "xgrammar"],
     "block64": ["--speculative-ddtree-budget", "15", "--speculative-dflash-block-size", "64"],
+    "sched": ["--speculative-ddtree-budget", "1:64,8:32,16:16,32:0"],
+    "sched_chain_wider": ["--speculative-ddtree-budget", "1:2,4:0"],
+    "sched_no_chain": ["--speculative-ddtree-budget", "1:15,4:7"],
+    "auto": ["--speculative-ddtree-budget", "auto"],
+    "auto_block8": ["--speculative-ddtree-budget", "AUTO", "--speculative-dflash-block-size", "8"],
+    "sched_bad_entry": ["--speculative-ddtree-budget", "1:64,8"],
+    "sched_first": ["--speculative-ddtree-budget", "4:64,8:0"],
+    "sched_order": ["--speculative-ddtree-budget", "1:64,16:8,8:0"],
+    "word": ["--speculative-ddtree-budget", "big"],
+    "sched_adapt": ["--speculative-ddtree-budget", "1:2,4:0", "--speculative-ddtree-adapt"],
+    "b2_adapt": ["--speculative-ddtree-budget", "2", "--speculative-ddtree-adapt"],
+    "adapt_alone": ["--speculative-ddtree-adapt"],
 }
 out = {}
 for name, extra in CASES.items():
@@ -61,11 +73,13 @@ for name, extra in CASES.items():
         draft = draft_server_args(sa)  # what the 0.5.14-0.5.16 workers build their draft worker from
         out[name] = {"ok": True, "num_draft_tokens": n, "block_size": sa.speculative_dflash_block_size,
                      "budget": sa.speculative_ddtree_budget, "topk": sa.speculative_eagle_topk,
+                     "schedule": getattr(sa, "speculative_ddtree_schedule", None),
                      "target_width": width(n, False), "draft_width": width(n, True),
                      "copy_is_target": draft is sa, "copy_num_draft_tokens": draft.speculative_num_draft_tokens,
                      "copy_draft_width": width(draft.speculative_num_draft_tokens, True),
-                     "target_after_copy": sa.speculative_num_draft_tokens}
-    except Exception as e:
+                     "target_after_copy": sa.speculative_num_draft_tokens,
+                     "adapt": getattr(sa, "speculative_ddtree_adapt", None)}
+    except BaseException as e:  # an unknown flag (--speculative-ddtree-adapt before 0.5.17) exits argparse
         out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 # EAGLE with a budget: refused before any EAGLE handling
 try:
@@ -76,6 +90,8 @@ except Exception as e:
     out["eagle"] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 from types import SimpleNamespace
 from sglang.srt.speculative.ddtree_v2.config import kv_reservation, draft_width
+from sglang.srt.speculative.ddtree import schedule as SCHED
+out["auto_want"] = {str(b): str(SCHED.default_schedule(range(1, 513), block_size=b)) for b in (4, 8)}
 out["reserve"] = [kv_reservation(100, 16, 65), kv_reservation(100, 16, 3), kv_reservation(7, 8, 8),
                   draft_width(SimpleNamespace(speculative_ddtree_budget=None, speculative_dflash_block_size=16)),
                   draft_width(SimpleNamespace(speculative_ddtree_budget=64, speculative_dflash_block_size=16))]
@@ -83,9 +99,9 @@ print("RESULT" + json.dumps(out))
 '''
 
 
-@pytest.fixture(scope="module")
-def resolved(v2_tree: Path, tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("args")
+def run_with_models(tree: Path, work: Path, script: str) -> dict:
+    """``script`` in the patched ``tree`` (fake sm90 CUDA) with a tiny target and block-4 drafter config as its
+    two arguments; its RESULT line, parsed."""
     tgt, drf = work / "tgt", work / "drf"
     tgt.mkdir()
     drf.mkdir()
@@ -94,10 +110,15 @@ def resolved(v2_tree: Path, tmp_path_factory) -> dict:
         TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
         num_target_layers=4, block_size=4, dflash_config={"block_size": 4, "target_layer_ids": [0, 2],
                                                           "mask_token": "<|mask|>", "mask_token_id": 3})))
-    r = run_python(v2_tree, work, SCRIPT, str(tgt), str(drf), fake_cuda=True)
+    r = run_python(tree, work, script, str(tgt), str(drf), fake_cuda=True)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     return json.loads(line[len("RESULT"):])
+
+
+@pytest.fixture(scope="module")
+def resolved(v2_tree: Path, tmp_path_factory) -> dict:
+    return run_with_models(v2_tree, tmp_path_factory.mktemp("args"), SCRIPT)
 
 
 def test_chain_unchanged(resolved):
@@ -123,7 +144,8 @@ def test_ddtree_widths(v2_base, resolved, case, budget, block):
 
 
 @pytest.mark.parametrize("case,words", [
-    ("zero", ["positive integer"]),
+    ("zero", ["--speculative-ddtree-budget: a single budget must be >= 1", "write 1:0"]),
+    ("word", ["--speculative-ddtree-budget: budget 'big' is not an integer"]),
     ("too_big", ["verify width", "1024"]),
     ("page16", ["--page-size 16"]),
     ("flashinfer", ["not proven", "--attention-backend flashinfer", "--speculative-ddtree-allow-unproven"]),
@@ -161,3 +183,67 @@ def test_kv_reservation_covers_draft_and_verify(v2_tree: Path, resolved):
     assert resolved["reserve"] == [181, 132, 23, None, 16]
     prep = (v2_tree / "sglang/srt/speculative/dflash_info_v2.py").read_text()
     assert "committed_len + reserve_ahead" in prep
+
+
+SCHEDULES = {  # case: (canonical schedule, largest budget, widest verify with the draft config's block of 4)
+    "sched": ("1:64,8:32,16:16,32:0", 64, 65),
+    "sched_chain_wider": ("1:2,4:0", 2, 4),  # the chain's block (4) is wider than the b2 tree (3)
+    "sched_no_chain": ("1:15,4:7", 15, 16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEDULES))
+def test_schedule_resolution(v2_base, resolved, case):
+    """0.5.17: the schedule resolves to its canonical text, the budget to its largest entry (what sizes the tree
+    buffers) and the target's width to the widest verify; the drafter keeps its block. Older bases refuse a
+    schedule naming themselves."""
+    c = resolved[case]
+    if v2_base != "0.5.17":
+        assert not c["ok"] and c["type"] == "ValueError", c
+        assert f"this is SGLang {v2_base}: give one budget N" in c["msg"] and "--speculative-ddtree-budget" in c["msg"]
+        return
+    text, budget, width = SCHEDULES[case]
+    assert c["ok"], c
+    assert c["schedule"] == text and c["budget"] == budget and c["block_size"] == 4
+    assert c["num_draft_tokens"] == width and c["target_width"] == width and c["draft_width"] == 4
+
+
+@pytest.mark.parametrize("case,block", [("auto", 4), ("auto_block8", 8)])
+def test_auto_is_the_cost_model_schedule(v2_base, resolved, case, block):
+    c = resolved[case]
+    if v2_base != "0.5.17":
+        assert not c["ok"] and f"this is SGLang {v2_base}" in c["msg"] and "auto" in c["msg"], c
+        return
+    assert c["ok"], c
+    want = resolved["auto_want"][str(block)]
+    assert c["schedule"] == want and c["block_size"] == block
+    assert c["budget"] == max(int(e.split(":")[1]) for e in want.split(","))
+
+
+@pytest.mark.parametrize("case,words", [
+    ("sched_bad_entry", ["--speculative-ddtree-budget: entry 2 '8' is not THRESHOLD:BUDGET"]),
+    ("sched_first", ["--speculative-ddtree-budget: the first threshold must be 1"]),
+    ("sched_order", ["--speculative-ddtree-budget: batch-size thresholds must increase strictly, got 8 after 16"]),
+])
+def test_bad_schedules_name_the_flag(v2_base, resolved, case, words):
+    c = resolved[case]
+    assert not c["ok"] and c["type"] == "ValueError", c
+    if v2_base != "0.5.17":  # refused before parsing: the base cannot run any schedule
+        assert f"this is SGLang {v2_base}" in c["msg"], c["msg"]
+        return
+    for w in words:
+        assert w in c["msg"], (w, c["msg"])
+
+
+def test_adaptation_flag(v2_base, resolved):
+    """0.5.17: --speculative-ddtree-adapt sizes the target for the chain's block too (a tree size may drop to the
+    chain); it needs a budget. Older bases have no such flag."""
+    if v2_base != "0.5.17":
+        assert not resolved["sched_adapt"]["ok"] and resolved["sched_adapt"]["type"] == "SystemExit"
+        return
+    a, b = resolved["sched_adapt"], resolved["b2_adapt"]
+    assert a["ok"] and a["adapt"] and a["schedule"] == "1:2,4:0" and a["num_draft_tokens"] == 4, a
+    assert b["ok"] and b["budget"] == 2 and b["num_draft_tokens"] == 4, b  # block 4 > the b2 tree's 3
+    assert resolved["b2"]["num_draft_tokens"] == 3  # without adaptation: the tree's width
+    c = resolved["adapt_alone"]
+    assert not c["ok"] and "--speculative-ddtree-adapt needs --speculative-ddtree-budget" in c["msg"], c

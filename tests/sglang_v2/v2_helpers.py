@@ -180,7 +180,8 @@ PROBE_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.speculative_ho
                  "sglang.srt.layers.attention.triton_backend",
                  "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
                  *[f"sglang.srt.speculative.ddtree_v2.{m}"
-                   for m in ("config", "draft_topk", "round", "sampling", "verify_input", "compat")])
+                   for m in ("config", "draft_topk", "round", "sampling", "verify_input", "compat", "graph_widths",
+                             "draft_schedule")])
 
 # One subprocess per base (importing SGLang costs seconds): import the modules, then drive the glue's calls whose
 # keywords or homes moved between the bases against that base's own classes (without their GPU start-up).

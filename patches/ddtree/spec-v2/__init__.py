@@ -11,7 +11,11 @@ Vendored into an overlay as ``sglang/srt/speculative/ddtree_v2/``; the base's ow
 - :mod:`.verify_input` the tree-shaped verify input the target's attention backend and graph runner see.
 - :mod:`.sampling`    one target token per tree node (argmax, or an independent draw from the request's law).
 - :mod:`.round`       the rest of a decode round after the draft forward: mask, verify, walk, KV commit, drafter
-                      context, the result the overlap scheduler consumes.
+                      context, the result the overlap scheduler consumes; under a budget schedule, which budget a
+                      round runs (0: the base's own chain round).
+- :mod:`.graph_widths` a verify width (and graph kind) per captured batch size for the target's graph runner.
+- :mod:`.draft_schedule` the draft graph's tail per captured size: a tree builder, or the base's greedy head.
+- :mod:`.adapt`       online adaptation of a schedule from acceptance counted on the GPU, read without a host sync.
 
 The tree algorithms themselves (top-k, best-first build, ancestor masks, walk, slot order) are the DDTree runtime
 vendored beside this package as ``sglang/srt/speculative/ddtree/``; nothing here synchronises with the host.

@@ -51,27 +51,94 @@ def _view(server_args: Any) -> Any:
     return resolved_view(server_args)
 
 
-def parse_budget(value: Any) -> Optional[int]:
-    """The budget as an int (None = DDTree off); a clear ValueError for anything else."""
+#: The budget flag's name, which every message about it starts with.
+BUDGET_FLAG = "--speculative-ddtree-budget"
+#: The flag value that asks for the built-in schedule (the cost model over the built-in H200 round-cost table and
+#: acceptance profile, runtime ``schedule.default_schedule``).
+AUTO = "auto"
+#: Bases whose series give each captured batch size its own verify width (target graphs and the draft graph's
+#: tree build); the others take a single budget only.
+SCHEDULE_BASES = ("0.5.17",)
+
+
+def _schedule_mod() -> Any:
+    """The runtime's schedule module (pure Python; vendored beside this package)."""
+    from sglang.srt.speculative.ddtree import schedule
+
+    return schedule
+
+
+def base_version() -> str:
+    try:
+        from sglang.version import __version__ as version
+    except ImportError:  # pragma: no cover - every spec-v2 base has sglang.version
+        import sglang
+
+        version = getattr(sglang, "__version__", "")
+    return str(version)
+
+
+def parse_budget(value: Any, *, version: Optional[str] = None) -> Any:
+    """The flag's value as a runtime ``Schedule``, ``AUTO``, or None (DDTree off); a clear ValueError naming the
+    flag for anything else, and naming the base where a schedule needs a newer series. An int (what a resolved
+    argument holds) is a single budget."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ValueError(f"--speculative-ddtree-budget must be a positive integer, got {value!r}.")
+        raise ValueError(f"{BUDGET_FLAG} must be a positive integer, a schedule like 1:64,8:32,32:0, or {AUTO}; "
+                         f"got {value!r}.")
+    text = str(value).strip()
+    is_schedule = text.lower() == AUTO or ":" in text or "," in text
+    if is_schedule:
+        version = base_version() if version is None else version
+        if version not in SCHEDULE_BASES:
+            raise ValueError(f"{BUDGET_FLAG} {text}: batch-size schedules (and {AUTO}) need the SGLang "
+                             f"{' / '.join(SCHEDULE_BASES)} patch set (a verify width per captured batch size); this "
+                             f"is SGLang {version}: give one budget N.")
+    if text.lower() == AUTO:
+        return AUTO
+    sched = _schedule_mod()
     try:
-        budget = int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"--speculative-ddtree-budget must be a positive integer, got {value!r}.") from None
-    if budget < 1:
-        raise ValueError(f"--speculative-ddtree-budget must be a positive integer, got {value!r}.")
-    if budget + 1 > MAX_VERIFY_WIDTH:
-        raise ValueError(f"--speculative-ddtree-budget={budget} is too large: the verify width (budget + 1) must "
-                         f"be <= {MAX_VERIFY_WIDTH}.")
-    return budget
+        schedule = sched.parse_schedule(text, source=BUDGET_FLAG)
+    except sched.ScheduleError as e:
+        raise ValueError(f"{e}.") from None
+    return schedule
+
+
+def verify_width(budget: int, block_size: int) -> int:
+    """The target's per-request verify width at ``budget``: its tree's N1 = budget + 1, or the chain's block."""
+    return int(budget) + 1 if int(budget) > 0 else int(block_size)
+
+
+def max_verify_width(schedule: Any, block_size: int, *, with_chain: bool = False) -> int:
+    """The widest verify of a schedule: what ``speculative_num_draft_tokens`` (the target's buffers, the KV
+    reservation) is sized by. ``with_chain``: the chain's block counts too (adaptation may run it at any size)."""
+    widths = [verify_width(b, block_size) for b in schedule.budgets]
+    return max(widths + ([int(block_size)] if with_chain else []))
+
+
+def adapt_on(args: Any) -> bool:
+    return bool(getattr(args, "speculative_ddtree_adapt", False))
+
+
+def schedule_of(args: Any) -> Any:
+    """The resolved schedule of server arguments (or a config bag), None with DDTree off."""
+    budget = getattr(args, "speculative_ddtree_budget", None)
+    if budget is None:
+        return None
+    text = getattr(args, "speculative_ddtree_schedule", None)
+    sched = _schedule_mod()
+    if text:
+        return sched.parse_schedule(str(text), source="speculative_ddtree_schedule")
+    return sched.Schedule.of(int(budget))
 
 
 def check_algorithm(server_args: Any) -> None:
     """The budget only means something under DFLASH: DDTree builds its tree from the DFlash drafter."""
     if getattr(server_args, "speculative_ddtree_budget", None) is None:
+        if adapt_on(server_args):
+            raise ValueError("--speculative-ddtree-adapt needs --speculative-ddtree-budget (a budget or schedule to "
+                             "adapt).")
         return
     if server_args.speculative_algorithm != "DFLASH":
         raise ValueError("--speculative-ddtree-budget requires --speculative-algorithm DFLASH (DDTree builds its "
@@ -79,28 +146,45 @@ def check_algorithm(server_args: Any) -> None:
                          f"{server_args.speculative_algorithm!r}.")
 
 
-def pre_resolve(server_args: Any) -> Optional[int]:
+def pre_resolve(server_args: Any) -> Any:
     """Before DFLASH resolves its block size: validate the budget and get the derived width out of the way.
 
-    Returns the budget, or None when DDTree is off (then nothing changes). On re-resolution of args that were
-    already resolved (width = budget + 1 and the block size recorded), the block size is handed back to DFLASH.
+    Returns the parsed budget (a runtime ``Schedule`` or ``AUTO``), or None when DDTree is off (then nothing
+    changes). On re-resolution of args that were already resolved (the budget an int = the schedule's largest, the
+    schedule's text in ``speculative_ddtree_schedule``, the width set and the block size recorded), the block size
+    is handed back to DFLASH.
     """
-    budget = parse_budget(getattr(server_args, "speculative_ddtree_budget", None))
-    if budget is None:
+    value = getattr(server_args, "speculative_ddtree_budget", None)
+    if value is None:
         return None
-    server_args.speculative_ddtree_budget = budget
+    recorded = getattr(server_args, "speculative_ddtree_schedule", None)
+    resolved_before = isinstance(value, int) and not isinstance(value, bool) and recorded
+    parsed = parse_budget(recorded if resolved_before else value)
+    if resolved_before and parsed.max_budget != value:
+        raise ValueError(f"{BUDGET_FLAG}={value} does not match the recorded schedule {recorded} (largest budget "
+                         f"{parsed.max_budget}).")
+    if parsed is not AUTO:
+        server_args.speculative_ddtree_budget = parsed.max_budget
     if server_args.speculative_num_draft_tokens is not None:
-        already = (server_args.speculative_dflash_block_size is not None
-                   and int(server_args.speculative_num_draft_tokens) == budget + 1)
+        block = server_args.speculative_dflash_block_size
+        already = (block is not None and parsed is not AUTO
+                   and int(server_args.speculative_num_draft_tokens)
+                   == max_verify_width(parsed, int(block), with_chain=adapt_on(server_args)))
         if not already:
             raise ValueError(
                 "With --speculative-ddtree-budget the verify width is budget + 1 and is set automatically; do not "
                 "pass --speculative-num-draft-tokens. Set the drafter's block size with "
                 "--speculative-dflash-block-size (or let the draft config decide). Got "
                 f"speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
-                f"speculative_ddtree_budget={budget}.")
-        server_args.speculative_num_draft_tokens = int(server_args.speculative_dflash_block_size)
-    return budget
+                f"speculative_ddtree_budget={value}.")
+        server_args.speculative_num_draft_tokens = int(block)
+    return parsed
+
+
+def resolve_auto(block_size: int) -> Any:
+    """What ``auto`` means: the runtime's ``default_schedule`` at every batch size 1..512 for a drafter of
+    ``block_size`` (the built-in H200 round costs and acceptance profile; see its docstring)."""
+    return _schedule_mod().default_schedule(range(1, 513), block_size=int(block_size))
 
 
 def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = True) -> tuple[list[str], list[str]]:
@@ -150,8 +234,12 @@ def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = Tru
     return never, unproven
 
 
-def post_resolve(server_args: Any, budget: int, *, grammar_in_worker: bool = True) -> None:
-    """After DFLASH resolved the block size: check what DDTree supports, then set the two widths."""
+def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = True) -> None:
+    """After DFLASH resolved the block size: check what DDTree supports, then set the widths and the schedule.
+
+    ``speculative_num_draft_tokens`` becomes the widest verify of the schedule (budget + 1 of its largest budget,
+    or the block where that is wider and some batch sizes run the chain); ``speculative_ddtree_budget`` the largest
+    budget (an int, what sizes the tree buffers), ``speculative_ddtree_schedule`` the schedule's canonical text."""
     block_size = int(server_args.speculative_num_draft_tokens)
     never, unproven = refusals(server_args, block_size, grammar_in_worker=grammar_in_worker)
     allow = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
@@ -163,9 +251,20 @@ def post_resolve(server_args: Any, budget: int, *, grammar_in_worker: bool = Tru
     if unproven:
         logger.warning("DDTree runs with configurations not proven on a GPU (%s): %s", UNPROVEN_FLAG,
                        "; ".join(unproven))
+    schedule = resolve_auto(block_size) if parsed is AUTO else parsed
+    if isinstance(parsed, int):  # a caller with a plain budget (the pre-schedule interface)
+        schedule = _schedule_mod().Schedule.of(parsed)
+    width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
+    if width > MAX_VERIFY_WIDTH:
+        raise ValueError(f"{BUDGET_FLAG}={schedule}: the verify width (budget + 1) must be <= {MAX_VERIFY_WIDTH}.")
     server_args.speculative_dflash_block_size = block_size
-    server_args.speculative_num_draft_tokens = budget + 1
-    logger.info("DDTree enabled: budget=%d, verify width=%d, draft block size=%d.", budget, budget + 1, block_size)
+    server_args.speculative_num_draft_tokens = width
+    server_args.speculative_ddtree_budget = schedule.max_budget
+    if hasattr(server_args, "speculative_ddtree_schedule") or not schedule.is_single:
+        server_args.speculative_ddtree_schedule = str(schedule)
+    logger.info("DDTree enabled: budget schedule %s%s%s, widest verify %d, draft block size %d.", schedule,
+                " (auto)" if parsed is AUTO else "", ", adapted online" if adapt_on(server_args) else "", width,
+                block_size)
 
 
 def enabled(server_args: Any) -> bool:

@@ -28,8 +28,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from .compat import base_name, next_draft_input_decode
-from .config import PROVEN_BACKENDS, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, enabled
+from .adapt import Adaptation
+from .config import (PROVEN_BACKENDS, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, adapt_on, enabled,
+                     max_verify_width, schedule_of)
+from .draft_schedule import ScheduledDraftHead, chain_head
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
+from .graph_widths import pad_to_captured
 from .sampling import target_tokens_per_node
 from .verify_input import DDTreeVerifyInput
 
@@ -65,26 +69,37 @@ class DDTreeRound:
     """DDTree state of one DFlash worker: widths, the draft tree builder, and the decode round after the draft."""
 
     def __init__(self, server_args: Any, *, block_size: int):
-        self.budget = int(server_args.speculative_ddtree_budget)
+        self.schedule = schedule_of(server_args)
+        self.max_budget = int(self.schedule.max_budget)
+        self.budget = self.max_budget  # this round's budget (a schedule picks it per round: tree_round)
         self.n1 = self.budget + 1
         self.block = int(block_size)
         self.depth = self.block - 1
+        self.adapt_on = adapt_on(server_args)
+        self.adapt: Optional[Adaptation] = None  # made at the first round (needs the capture sizes, the device)
+        self.has_chain = 0 in self.schedule.budgets or self.adapt_on
         self.allow_unproven = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
         self.backend_name = "triton"
         self.prefix_cols = False
-        self.builder: Optional[DraftTreeBuilder] = None  # the one folded into the draft graph, if any
-        self._eager: Optional[DraftTreeBuilder] = None
+        # the head folded into the draft graph, if any: one tree builder (a single budget), or per-size heads
+        self.builder: Optional[DraftTreeBuilder | ScheduledDraftHead] = None
+        self._eager: dict[int, DraftTreeBuilder] = {}
+        self._capture_bs: Optional[list[int]] = None
         self.rounds = 0
+        self.chain_rounds = 0
 
     @classmethod
     def for_worker(cls, server_args: Any, *, block_size: int) -> Optional["DDTreeRound"]:
         """None when DDTree is off; else the round state, after the worker-level start-up checks."""
         if not enabled(server_args):
             return None
-        if int(server_args.speculative_num_draft_tokens) != int(server_args.speculative_ddtree_budget) + 1:
-            raise RuntimeError("DDTree verify width must be budget + 1: speculative_num_draft_tokens="
-                               f"{server_args.speculative_num_draft_tokens}, budget="
-                               f"{server_args.speculative_ddtree_budget} (were the server arguments resolved?)")
+        schedule = schedule_of(server_args)
+        width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
+        if int(server_args.speculative_num_draft_tokens) != width:
+            raise RuntimeError("DDTree verify width must be the schedule's widest (budget + 1, or the block at "
+                               f"budget 0): speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
+                               f"schedule {schedule}, block {block_size} -> {width} (were the server arguments "
+                               "resolved?)")
         return cls(server_args, block_size=block_size)
 
     # -- start-up ------------------------------------------------------------------------------------------------
@@ -119,26 +134,87 @@ class DDTreeRound:
         self.backend_name = name
         self.prefix_cols = name in READS_CONTEXT_COLUMNS
 
-    def draft_builder(self, *, lm_head: Any, vocab_size: int, max_bs: int, tp_group: Any,
-                      device: Any) -> DraftTreeBuilder:
-        """The builder folded into the draft CUDA graph (warmed up here, before any capture)."""
-        self.builder = DraftTreeBuilder(lm_head=lm_head, block_size=self.block, budget=self.budget,
-                                        vocab_size=vocab_size, max_bs=max_bs, tp_group=tp_group, device=device)
-        self.builder.warm_up(device)
-        logger.info("DDTree draft top-k and tree build folded into the draft cuda graph (budget=%d, k=%d, "
-                    "max_bs=%d).", self.budget, self.builder.k, max_bs)
+    def draft_builder(self, *, lm_head: Any, vocab_size: int, max_bs: int, tp_group: Any, device: Any,
+                      chain_head_cls: Any = None) -> DraftTreeBuilder | ScheduledDraftHead:
+        """The head folded into the draft CUDA graph (warmed up here, before any capture): the tree builder of
+        the budget, or with a schedule one builder per tree budget plus the base's greedy head
+        (``chain_head_cls``) for the chain's sizes (:mod:`.draft_schedule`)."""
+        def tree(budget: int) -> DraftTreeBuilder:
+            b = DraftTreeBuilder(lm_head=lm_head, block_size=self.block, budget=budget, vocab_size=vocab_size,
+                                 max_bs=max_bs, tp_group=tp_group, device=device)
+            b.warm_up(device)
+            return b
+
+        if self.schedule.is_single and not self.adapt_on:
+            self.builder = tree(self.max_budget)
+            logger.info("DDTree draft top-k and tree build folded into the draft cuda graph (budget=%d, k=%d, "
+                        "max_bs=%d).", self.max_budget, self.builder.k, max_bs)
+            return self.builder
+        chain = None
+        if self.has_chain:
+            if chain_head_cls is None:
+                raise RuntimeError(f"DDTree schedule {self.schedule}: the base gave no greedy head for its chain "
+                                   "sizes")
+            chain = chain_head(chain_head_cls, lm_head=lm_head, block_size=self.block, max_bs=max_bs,
+                               tp_group=tp_group)
+        trees = {b: tree(b) for b in self.schedule.budgets if b > 0}
+        self.builder = ScheduledDraftHead(schedule=self.schedule, block_size=self.block, trees=trees, chain=chain,
+                                          also_chain=self.adapt_on)
+        logger.info("DDTree draft heads folded into the draft cuda graph per batch size (schedule %s, max_bs=%d).",
+                    self.schedule, max_bs)
         return self.builder
 
+    # -- which budget this round --------------------------------------------------------------------------------
+    def capture_sizes(self, worker: Any) -> Optional[list[int]]:
+        """The batch sizes the decode graphs were captured at (target's, else the draft's; None eagerly). Both
+        runners must pad a batch to the same size, since the draft graph's tail and the target's graph at that
+        size were captured for the same budget."""
+        if self._capture_bs is None:
+            lists = []
+            for mr in (getattr(worker, "model_runner", None), getattr(worker, "draft_model_runner", None)):
+                runner = getattr(mr, "decode_cuda_graph_runner", None) if mr is not None else None
+                sizes = getattr(runner, "capture_bs", None) if runner is not None else None
+                if sizes:
+                    lists.append(sorted(int(s) for s in sizes))
+            if len(lists) == 2 and lists[0] != lists[1]:
+                raise RuntimeError(f"DDTree schedule {self.schedule}: the target's decode graphs were captured at "
+                                   f"batch sizes {lists[0]} but the draft's at {lists[1]}; a schedule needs the "
+                                   "same sizes (give one budget N instead)")
+            self._capture_bs = lists[0] if lists else []
+        return self._capture_bs
+
+    def tree_round(self, worker: Any, bs: int) -> bool:
+        """Pick this round's budget from the padded (captured) batch size, before anything is built: True for a
+        tree round; False = budget 0, the stock chain round runs (its draft head, causal verify and commit)."""
+        if self.schedule.is_single and not self.adapt_on:
+            return True
+        sizes = self.capture_sizes(worker)
+        padded = pad_to_captured(bs, sizes)
+        budget = int(self.schedule.budget_for(padded))
+        if self.adapt_on:
+            if self.adapt is None:
+                self.adapt = Adaptation(schedule=self.schedule, block_size=self.block,
+                                        sizes=sizes or range(1, 257), device=worker.device)
+            self.adapt.tick()
+            budget = self.adapt.budget_for(padded, budget)
+        self.budget, self.n1 = budget, budget + 1
+        if budget == 0:
+            self.chain_rounds += 1
+        return budget > 0
+
     def _eager_builder(self, *, lm_head: Any, vocab_size: int, tp_group: Any, device: Any) -> DraftTreeBuilder:
-        if self._eager is None:
-            self._eager = DraftTreeBuilder(lm_head=lm_head, block_size=self.block, budget=self.budget,
-                                           vocab_size=vocab_size, max_bs=0, tp_group=tp_group, device=device)
-        return self._eager
+        if self.budget not in self._eager:
+            self._eager[self.budget] = DraftTreeBuilder(lm_head=lm_head, block_size=self.block, budget=self.budget,
+                                                        vocab_size=vocab_size, max_bs=0, tp_group=tp_group,
+                                                        device=device)
+        return self._eager[self.budget]
 
     # -- the round -----------------------------------------------------------------------------------------------
     def draft_tree(self, *, draft_out: Any, root_tokens: torch.Tensor, from_graph: bool, lm_head: Any,
                    vocab_size: int, tp_group: Any, device: Any) -> DraftTreeOut:
         bs = int(root_tokens.shape[0])
+        if from_graph and isinstance(self.builder, ScheduledDraftHead):
+            return self.builder.read(self.budget, bs, root_tokens)
         if from_graph and self.builder is not None:
             return self.builder.read(bs, root_tokens)
         hidden = draft_out.logits_output.hidden_states
@@ -258,6 +334,8 @@ class DDTreeRound:
         target = target_tokens_per_node(logits, sampling_info, bs, n1)
         walk = rt.accept_walk(tree, target)
         commit_lens = (walk.accept_len + 1).to(torch.int32)
+        if self.adapt is not None:
+            self.adapt.record(tree, target, walk.accepted_nodes, commit_lens, self.budget)
         out_tokens = walk.accepted_tokens.clamp(min=0)
         bonus = walk.bonus_token
 
