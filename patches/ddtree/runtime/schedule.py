@@ -1,0 +1,325 @@
+"""Batch-aware DDTree budgets: the schedule (which budget at which batch size) and the cost model that fits one.
+
+Why: the verify forward is compute-bound once a batch is large, so every extra verified token costs round time
+in proportion to the batch. A budget that pays at batch 1 (DDTree b64 needs 1.13x the chain's tokens per round
+on the H200 at the Qwen3-8B shape) loses at batch 32 (2.8x needed). A schedule gives each batch size its own
+budget; 0 means "run the plain DFlash chain for this round".
+
+Text form: one budget ``N`` (every batch size), or ``T:B,T:B,...`` with batch-size thresholds ``T`` strictly
+increasing from 1 and budgets ``B >= 0``: the budget of a batch of size ``bs`` is that of the entry with the largest
+threshold ``<= bs``. ``1:64,8:32,16:16,32:0`` = b64 below 8, b32 from 8, b16 from 16, the chain from 32.
+
+Pure Python (stdlib only, no torch): the serving glue (``ddtree_v2.config``), the online refit in the worker and
+the product's ``tune`` command all share it. Vendored with the runtime; importable by path on its own
+(register the module in ``sys.modules`` before executing it, as ``importlib`` loaders do: it holds a dataclass).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence
+
+#: The verify width (budget + 1) is bounded by the tree mask and the CUDA-graph buffers (see ddtree_v2.config).
+MAX_BUDGET = 1023
+
+
+class ScheduleError(ValueError):
+    """A schedule text or a cost-model input that cannot be used; the message says which entry and why."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Budget per batch size: ``entries`` are ``(threshold, budget)`` pairs, thresholds strictly increasing from
+    1, budgets in ``[0, MAX_BUDGET]`` (0 = the chain). Build it with :func:`parse_schedule` or
+    :meth:`Schedule.of`; ``str()`` gives the canonical text, which parses back to an equal schedule."""
+
+    entries: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        _check_entries(self.entries, "schedule")
+
+    @classmethod
+    def of(cls, budget_by_bs: Mapping[int, int] | int) -> "Schedule":
+        """A schedule from one budget, or from ``{batch size: budget}`` (consecutive equal budgets merged; the
+        smallest batch size's budget also covers the sizes below it, so the first threshold is 1)."""
+        if isinstance(budget_by_bs, int):
+            return cls(((1, int(budget_by_bs)),))
+        if not budget_by_bs:
+            raise ScheduleError("schedule: no batch sizes given")
+        entries: list[tuple[int, int]] = []
+        for bs in sorted(budget_by_bs):
+            budget = int(budget_by_bs[bs])
+            if not entries:
+                entries.append((1, budget))
+            elif entries[-1][1] != budget:
+                entries.append((int(bs), budget))
+        return cls(tuple(entries))
+
+    def budget_for(self, bs: int) -> int:
+        """The budget for a batch of ``bs`` requests (0 = the chain): the entry with the largest threshold <= bs.
+        With CUDA graphs pass the padded (captured) batch size: the width must be the one its graph was
+        captured at."""
+        if int(bs) < 1:
+            raise ValueError(f"batch size must be >= 1, got {bs}")
+        budget = self.entries[0][1]
+        for threshold, b in self.entries:
+            if threshold > bs:
+                break
+            budget = b
+        return budget
+
+    @property
+    def budgets(self) -> tuple[int, ...]:
+        """The distinct budgets, ascending (0 included when some batch sizes run the chain)."""
+        return tuple(sorted({b for _, b in self.entries}))
+
+    @property
+    def max_budget(self) -> int:
+        """The largest budget: it sizes the KV reservation and the buffers."""
+        return max(b for _, b in self.entries)
+
+    @property
+    def is_single(self) -> bool:
+        """One budget for every batch size (the plain ``N`` form)."""
+        return len(self.entries) == 1
+
+    def __str__(self) -> str:
+        if self.is_single and self.entries[0][1] > 0:  # an all-chain schedule stays "1:0": a bare 0 is refused
+            return str(self.entries[0][1])
+        return ",".join(f"{t}:{b}" for t, b in self.entries)
+
+
+def _check_entries(entries: Sequence[tuple[int, int]], source: str) -> None:
+    if not entries:
+        raise ScheduleError(f"{source}: empty schedule (give one budget N, or thresholds like 1:64,8:32,32:0)")
+    prev = 0
+    for threshold, budget in entries:
+        if entries[0][0] != 1:
+            raise ScheduleError(f"{source}: the first threshold must be 1 (every batch size needs a budget), got "
+                                f"{entries[0][0]}:{entries[0][1]}")
+        if threshold <= prev:
+            raise ScheduleError(f"{source}: batch-size thresholds must increase strictly, got {threshold} after "
+                                f"{prev}")
+        if budget < 0 or budget > MAX_BUDGET:
+            raise ScheduleError(f"{source}: budget {budget} at threshold {threshold} is out of range: budgets are "
+                                f"0 (the chain) to {MAX_BUDGET} (verify width budget + 1 <= {MAX_BUDGET + 1})")
+        prev = threshold
+
+
+def _int(text: str, what: str, source: str) -> int:
+    text = text.strip()
+    if not text or not (text.isdigit() or (text[0] in "+-" and text[1:].isdigit())):
+        raise ScheduleError(f"{source}: {what} {text!r} is not an integer")
+    return int(text)
+
+
+def parse_schedule(text: str, *, source: str = "schedule") -> Schedule:
+    """Parse ``N`` or ``T:B,T:B,...`` (see the module docstring). ``source`` starts every error message (the
+    serving glue passes the flag's name). A single ``N`` must be >= 1: a DDTree that never builds a tree is
+    spelt ``1:0``."""
+    if not isinstance(text, str):
+        raise ScheduleError(f"{source}: expected a budget N or a schedule like 1:64,8:32,32:0, got {text!r}")
+    body = text.strip()
+    if not body:
+        raise ScheduleError(f"{source}: empty value (give one budget N, or thresholds like 1:64,8:32,32:0)")
+    if ":" not in body and "," not in body:
+        budget = _int(body, "budget", source)
+        if budget < 1:
+            raise ScheduleError(f"{source}: a single budget must be >= 1, got {budget} (0 = the chain for every "
+                                "batch size: write 1:0, or drop the flag)")
+        entries: tuple[tuple[int, int], ...] = ((1, budget),)
+    else:
+        parsed = []
+        for i, item in enumerate(body.split(",")):
+            if item.count(":") != 1:
+                raise ScheduleError(f"{source}: entry {i + 1} {item.strip()!r} is not THRESHOLD:BUDGET (e.g. 8:32)")
+            t, b = item.split(":")
+            threshold = _int(t, f"threshold of entry {i + 1}", source)
+            if threshold < 1:
+                raise ScheduleError(f"{source}: threshold of entry {i + 1} must be a batch size >= 1, got "
+                                    f"{threshold}")
+            parsed.append((threshold, _int(b, f"budget of entry {i + 1}", source)))
+        entries = tuple(parsed)
+    _check_entries(entries, source)
+    return Schedule(entries)
+
+
+# -- the cost model -------------------------------------------------------------------------------------------------
+
+def _check_profile(accept_profile: Sequence[Sequence[float]]) -> list[list[float]]:
+    rows = []
+    for d, row in enumerate(accept_profile):
+        vals = [float(p) for p in row]
+        if any(not (0.0 <= p <= 1.0) or math.isnan(p) for p in vals):
+            raise ScheduleError(f"accept profile: depth {d} has a probability outside [0, 1]: {vals}")
+        if sum(vals) > 1.0 + 1e-6:
+            raise ScheduleError(f"accept profile: depth {d} sums to {sum(vals):.4f} > 1 (the ranks of one depth are "
+                                "exclusive: at most one of them is the target's token)")
+        rows.append(sorted(vals, reverse=True))
+    return rows
+
+
+def expected_tokens_per_round(budget: int, accept_profile: Sequence[Sequence[float]]) -> float:
+    """Expected tokens one DDTree round commits with a best-first tree of ``budget`` nodes.
+
+    ``accept_profile[d][r]``: the probability that the drafter's rank-``r`` candidate at depth ``d`` (0 = the
+    first drafted position) is the target's token there, given that the path up to depth ``d`` was accepted.
+    Assumptions (what makes this a model, not a measurement): acceptance at different depths is independent given
+    the path, so a node's probability is the product of its ranks' probabilities along its path; the drafter's
+    per-depth distributions do not depend on the parent (true of a DFlash block drafter: one forward drafts
+    every position), so every node at depth ``d`` has the same rank list; and the drafter ranks the candidates in
+    the order of their acceptance probability, so the best-first tree of ``budget`` nodes is the set of the
+    ``budget`` most probable paths. A node is committed exactly when its whole path is the target's, so the
+    expected count is 1 (the target's own token after the accepted path) + the sum of the tree nodes' path
+    probabilities. The tree is at most ``len(accept_profile)`` deep (the drafter's block size - 1).
+
+    Best-first over ranks sorted per depth: each node's successors are its first child and its next sibling, so
+    the top ``budget`` paths come out of a heap in O(budget log budget)."""
+    if int(budget) < 0:
+        raise ScheduleError(f"budget must be >= 0, got {budget}")
+    rows = _check_profile(accept_profile)
+    depth = len(rows)
+    if budget == 0 or depth == 0 or not rows[0]:
+        return 1.0
+    total = 1.0
+    # heap items: (-prob, depth index, rank, parent prob)
+    heap = [(-rows[0][0], 0, 0, 1.0)]
+    taken = 0
+    while heap and taken < budget:
+        neg, d, r, parent = heapq.heappop(heap)
+        prob = -neg
+        total += prob
+        taken += 1
+        if r + 1 < len(rows[d]):
+            heapq.heappush(heap, (-(parent * rows[d][r + 1]), d, r + 1, parent))
+        if d + 1 < depth and rows[d + 1]:
+            heapq.heappush(heap, (-(prob * rows[d + 1][0]), d + 1, 0, prob))
+    return total
+
+
+def chain_tokens_per_round(accept_profile: Sequence[Sequence[float]], block_size: Optional[int] = None) -> float:
+    """Expected tokens a DFlash chain round commits: 1 + sum over depths of the product of the rank-0
+    probabilities up to it (same independence assumption as :func:`expected_tokens_per_round`); the chain drafts
+    ``block_size - 1`` positions (default: every depth of the profile)."""
+    rows = _check_profile(accept_profile)
+    depth = len(rows) if block_size is None else min(len(rows), max(int(block_size) - 1, 0))
+    total, prob = 1.0, 1.0
+    for d in range(depth):
+        prob *= rows[d][0] if rows[d] else 0.0
+        total += prob
+    return total
+
+
+def fit_schedule(accept_profile: Sequence[Sequence[float]], round_ms: Mapping[tuple[int, int], float],
+                 chain_tokens_per_round: float, batch_sizes: Iterable[int], budgets: Iterable[int], *,
+                 margin: float = 0.0) -> Schedule:
+    """Per batch size, the budget that commits the most tokens per millisecond; 0 (the chain) wherever the chain
+    is at least as good.
+
+    ``round_ms[(budget, bs)]``: measured (or modelled) milliseconds of one round at that budget and batch size,
+    with budget 0 = the chain round; every ``(b, bs)`` for ``b`` in ``budgets`` and ``(0, bs)`` is needed.
+    ``chain_tokens_per_round``: what the chain commits per round (measured, or :func:`chain_tokens_per_round`).
+    Tree rounds are valued by :func:`expected_tokens_per_round` (its assumptions apply). A budget must beat the
+    chain's tokens/ms by the relative ``margin`` (e.g. 0.02 = 2 %) to be chosen, so noise in the cost table does
+    not buy a slower round. Assumes tokens per round do not depend on the batch size (each request's acceptance
+    is its own) and that the round cost of a batch does not depend on which requests are in it."""
+    sizes = sorted({int(bs) for bs in batch_sizes})
+    cands = sorted({int(b) for b in budgets if int(b) > 0})
+    if not sizes:
+        raise ScheduleError("fit_schedule: no batch sizes")
+    if chain_tokens_per_round <= 0:
+        raise ScheduleError(f"fit_schedule: chain tokens per round must be > 0, got {chain_tokens_per_round}")
+    tokens = {b: expected_tokens_per_round(b, accept_profile) for b in cands}
+    chosen: dict[int, int] = {}
+    for bs in sizes:
+        if (0, bs) not in round_ms:
+            raise ScheduleError(f"fit_schedule: no chain round cost for batch size {bs} (round_ms[(0, {bs})])")
+        best_b, best_rate = 0, float(chain_tokens_per_round) / float(round_ms[(0, bs)]) * (1.0 + float(margin))
+        for b in cands:
+            if (b, bs) not in round_ms:
+                raise ScheduleError(f"fit_schedule: no round cost for budget {b} at batch size {bs}")
+            rate = tokens[b] / float(round_ms[(b, bs)])
+            if rate > best_rate:
+                best_b, best_rate = b, rate
+        chosen[bs] = best_b
+    return Schedule.of(chosen)
+
+
+# -- the built-in defaults (what `--speculative-ddtree-budget auto` uses) -------------------------------------------
+
+#: Round milliseconds measured on one H200, SGLang 0.5.17 + this patch set, Qwen3-8B shape, CUDA graphs, 512-token
+#: prompts (bench/results/sglang-0.5.17-h200.md): {budget: {batch size: ms}}, budget 0 = the V2 chain (block 16).
+DEFAULT_ROUND_MS: dict[int, dict[int, float]] = {
+    0: {1: 7.95, 8: 10.09, 32: 25.76},
+    16: {1: 8.27, 8: 11.38, 32: 31.27},
+    32: {1: 8.52, 8: 14.50, 32: 45.11},
+    64: {1: 9.01, 8: 19.37, 32: 71.89},
+}
+
+#: The acceptance profile `auto` assumes (NOT a measurement of any drafter): per depth, rank 0 accepted with 0.86
+#: given its parent (a b16 chain then commits ~6.5 tokens per round, inside the 5-7 published for b16 DFlash
+#: drafters), ranks 1-3 with 0.06 / 0.025 / 0.012 (a tree over a chain gains ~+10-25 % tokens at b64, inside the
+#: published +8-40 %). 15 depths = a block-16 drafter. `tune` replaces it with the host's measured profile.
+DEFAULT_ACCEPT_PROFILE: tuple[tuple[float, ...], ...] = tuple((0.86, 0.06, 0.025, 0.012) for _ in range(15))
+
+
+def interpolate_round_ms(table: Mapping[int, Mapping[int, float]], budget: int, bs: int) -> float:
+    """Round ms at ``(budget, bs)`` from a sparse table ``{budget: {bs: ms}}``: piecewise linear in the batch size
+    (extended linearly past the last two measured sizes, flat below the first) and, for a budget between two
+    measured ones (tree budgets only, never the chain's 0), linear in the budget: the verify cost grows with the
+    tokens verified."""
+    def at(b: int) -> float:
+        row = table[b]
+        xs = sorted(row)
+        if len(xs) == 1 or bs <= xs[0]:
+            return float(row[xs[0]])
+        for lo, hi in zip(xs, xs[1:]):
+            if bs <= hi:
+                return row[lo] + (row[hi] - row[lo]) * (bs - lo) / (hi - lo)
+        lo, hi = xs[-2], xs[-1]
+        return row[hi] + (row[hi] - row[lo]) * (bs - hi) / (hi - lo)
+
+    if budget in table:
+        return at(budget)
+    trees = sorted(b for b in table if b > 0)
+    if budget <= 0 or not trees:
+        raise ScheduleError(f"round cost table has no entry for budget {budget}")
+    if budget < trees[0]:
+        lo_b, hi_b = (0, trees[0]) if 0 in table else (trees[0], trees[0])
+    elif budget > trees[-1]:
+        lo_b, hi_b = (trees[-2], trees[-1]) if len(trees) > 1 else (trees[-1], trees[-1])
+    else:
+        lo_b = max(b for b in trees if b < budget)
+        hi_b = min(b for b in trees if b > budget)
+    if lo_b == hi_b:
+        return at(lo_b)
+    lo, hi = at(lo_b), at(hi_b)
+    return lo + (hi - lo) * (budget - lo_b) / (hi_b - lo_b)
+
+
+def round_ms_grid(table: Mapping[int, Mapping[int, float]], budgets: Iterable[int],
+                  batch_sizes: Iterable[int]) -> dict[tuple[int, int], float]:
+    """``{(budget, bs): ms}`` for every budget (0 = the chain, always included) and batch size, from ``table``."""
+    return {(b, bs): interpolate_round_ms(table, b, bs)
+            for b in sorted({0, *(int(b) for b in budgets)}) for bs in sorted({int(s) for s in batch_sizes})}
+
+
+#: The budgets `auto` chooses among (the widths the cost table measured).
+DEFAULT_BUDGETS = (16, 32, 64)
+
+
+def default_schedule(batch_sizes: Iterable[int], *, block_size: int = 16,
+                     accept_profile: Optional[Sequence[Sequence[float]]] = None,
+                     round_ms: Optional[Mapping[int, Mapping[int, float]]] = None,
+                     budgets: Iterable[int] = DEFAULT_BUDGETS, margin: float = 0.02) -> Schedule:
+    """What ``--speculative-ddtree-budget auto`` runs: :func:`fit_schedule` over ``budgets`` at ``batch_sizes``
+    (the captured CUDA-graph sizes, or 1..max running requests eagerly) with the built-in H200 cost table
+    (:data:`DEFAULT_ROUND_MS`, interpolated), the built-in profile (:data:`DEFAULT_ACCEPT_PROFILE`, cut to
+    ``block_size - 1`` depths), the chain valued by :func:`chain_tokens_per_round`, and a 2 % margin. With the
+    built-in tables this is b64 at batch 1 and the chain from a few requests on."""
+    profile = list(accept_profile if accept_profile is not None else DEFAULT_ACCEPT_PROFILE)
+    profile = profile[: max(int(block_size) - 1, 0)]
+    sizes = sorted({int(bs) for bs in batch_sizes}) or [1]
+    grid = round_ms_grid(round_ms if round_ms is not None else DEFAULT_ROUND_MS, budgets, sizes)
+    return fit_schedule(profile, grid, chain_tokens_per_round(profile, block_size), sizes, budgets, margin=margin)

@@ -1,0 +1,200 @@
+"""The batch-size schedule and its cost model (runtime/schedule.py): parsing, budget_for, the expected-token model
+against brute-force enumeration, and the fits."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import random
+import sys
+
+import pytest
+from rt_env import RUN_SEED, RUNTIME_DIR
+
+
+def _load():
+    """By path, on its own (as the product's `tune` command loads it: no torch, no package)."""
+    spec = importlib.util.spec_from_file_location("ddtree_schedule_alone", RUNTIME_DIR / "schedule.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+S = _load()
+
+
+@pytest.mark.parametrize("text, entries, canonical", [
+    ("64", ((1, 64),), "64"),
+    (" 15 ", ((1, 15),), "15"),
+    ("1:64", ((1, 64),), "64"),
+    ("1:64,8:32,16:16,32:0", ((1, 64), (8, 32), (16, 16), (32, 0)), "1:64,8:32,16:16,32:0"),
+    ("1:0", ((1, 0),), "1:0"),
+    (" 1 : 32 , 4 : 0 ", ((1, 32), (4, 0)), "1:32,4:0"),
+    ("1:1023", ((1, 1023),), "1023"),
+])
+def test_parse_good(text, entries, canonical):
+    sched = S.parse_schedule(text)
+    assert sched.entries == entries
+    assert str(sched) == canonical
+    assert S.parse_schedule(str(sched)) == sched
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty value"),
+    ("   ", "empty value"),
+    ("abc", "budget 'abc' is not an integer"),
+    ("0", "single budget must be >= 1"),
+    ("-3", "single budget must be >= 1"),
+    ("1024", "out of range"),
+    ("2:64,8:0", "first threshold must be 1"),
+    ("1:64,8", "entry 2 '8' is not THRESHOLD:BUDGET"),
+    ("1:64,8:32:1", "entry 2 '8:32:1' is not THRESHOLD:BUDGET"),
+    ("1:64,,8:0", "entry 2 '' is not THRESHOLD:BUDGET"),
+    ("1:64,8:32,8:16", "thresholds must increase strictly, got 8 after 8"),
+    ("1:64,16:32,8:16", "thresholds must increase strictly, got 8 after 16"),
+    ("1:64,0:32", "threshold of entry 2 must be a batch size >= 1"),
+    ("1:64,8:x", "budget of entry 2 'x' is not an integer"),
+    ("1:64,y:8", "threshold of entry 2 'y' is not an integer"),
+    ("1:-1", "budget -1 at threshold 1 is out of range"),
+    ("1:2000", "budget 2000 at threshold 1 is out of range"),
+    ("1.5", "budget '1.5' is not an integer"),
+])
+def test_parse_bad(text, message):
+    with pytest.raises(S.ScheduleError) as err:
+        S.parse_schedule(text, source="--speculative-ddtree-budget")
+    assert str(err.value).startswith("--speculative-ddtree-budget: ")
+    assert message in str(err.value)
+
+
+def test_parse_non_string():
+    with pytest.raises(S.ScheduleError, match="expected a budget N or a schedule"):
+        S.parse_schedule(64)
+
+
+def test_budget_for():
+    sched = S.parse_schedule("1:64,8:32,16:16,32:0")
+    got = {bs: sched.budget_for(bs) for bs in (1, 2, 7, 8, 9, 15, 16, 31, 32, 33, 512)}
+    assert got == {1: 64, 2: 64, 7: 64, 8: 32, 9: 32, 15: 32, 16: 16, 31: 16, 32: 0, 33: 0, 512: 0}
+    assert sched.budgets == (0, 16, 32, 64) and sched.max_budget == 64 and not sched.is_single
+    single = S.parse_schedule("15")
+    assert all(single.budget_for(bs) == 15 for bs in (1, 3, 48)) and single.is_single
+    with pytest.raises(ValueError, match="batch size must be >= 1"):
+        sched.budget_for(0)
+
+
+def test_schedule_of_merges_and_starts_at_one():
+    sched = S.Schedule.of({2: 64, 4: 64, 8: 32, 16: 32, 32: 0})
+    assert sched.entries == ((1, 64), (8, 32), (32, 0))
+    assert S.Schedule.of(7).entries == ((1, 7),)
+    with pytest.raises(S.ScheduleError):
+        S.Schedule(((2, 5),))
+
+
+# -- the cost model -------------------------------------------------------------------------------------------------
+
+def _brute_force(budget, profile):
+    """Every path of up to len(profile) depths over every rank, top `budget` by product probability."""
+    probs = []
+    for depth in range(1, len(profile) + 1):
+        for ranks in itertools.product(*(range(len(profile[d])) for d in range(depth))):
+            p = 1.0
+            for d, r in enumerate(ranks):
+                p *= profile[d][r]
+            probs.append(p)
+    probs.sort(reverse=True)
+    return 1.0 + sum(probs[:budget])
+
+
+def _random_profile(rng, depth, ranks):
+    rows = []
+    for _ in range(depth):
+        raw = [rng.random() for _ in range(ranks)]
+        scale = rng.uniform(0.3, 1.0) / sum(raw)
+        rows.append([x * scale for x in raw])  # unsorted on purpose: the model sorts each depth itself
+    return rows
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_expected_tokens_matches_brute_force(case):
+    rng = random.Random(RUN_SEED * 31 + case)
+    depth, ranks = rng.randint(1, 4), rng.randint(1, 3)
+    profile = _random_profile(rng, depth, ranks)
+    n_paths = sum(ranks ** d for d in range(1, depth + 1))
+    for budget in sorted({0, 1, 2, 3, n_paths // 2, n_paths, n_paths + 5}):
+        want = _brute_force(budget, profile)
+        assert S.expected_tokens_per_round(budget, profile) == pytest.approx(want, rel=1e-12, abs=1e-12), \
+            (case, budget, profile)
+
+
+def test_expected_tokens_simple_cases():
+    chain_only = [[0.5], [0.5], [0.5]]
+    assert S.expected_tokens_per_round(3, chain_only) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert S.chain_tokens_per_round(chain_only) == pytest.approx(1.875)
+    assert S.chain_tokens_per_round(chain_only, block_size=2) == pytest.approx(1.5)
+    assert S.expected_tokens_per_round(0, chain_only) == 1.0
+    # a perfect drafter: every node on its chain is accepted; siblings of probability 0 add nothing
+    assert S.expected_tokens_per_round(10, [[1.0, 0.0]] * 4) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([[0.5, 0.6]], "sums to 1.1000 > 1"),
+    ([[1.5]], "outside \\[0, 1\\]"),
+    ([[-0.1]], "outside \\[0, 1\\]"),
+])
+def test_profile_checked(bad, message):
+    with pytest.raises(S.ScheduleError, match=message):
+        S.expected_tokens_per_round(4, bad)
+
+
+def test_fit_schedule_picks():
+    profile = [[0.8, 0.15]] * 3  # tree of 3 nodes: 1 + .8 + .64 + .512 (the chain's nodes are the best paths)
+    chain = S.chain_tokens_per_round(profile)
+    tree2 = S.expected_tokens_per_round(2, profile)
+    tree6 = S.expected_tokens_per_round(6, profile)
+    assert tree6 > tree2 > 1.0
+    round_ms = {(0, 1): 10.0, (2, 1): 9.0, (6, 1): 9.5,      # bs 1: the 6-node tree is cheap -> 6
+                (0, 4): 10.0, (2, 4): 6.0, (6, 4): 30.0,     # bs 4: the 2-node tree is very cheap -> 2
+                (0, 8): 10.0, (2, 8): 20.0, (6, 8): 40.0}    # bs 8: the chain
+    assert tree6 / 9.5 > chain / 10.0 > tree2 / 9.0
+    assert tree2 / 6.0 > chain / 10.0 > tree6 / 30.0
+    sched = S.fit_schedule(profile, round_ms, chain, [1, 4, 8], [2, 6])
+    assert str(sched) == "1:6,4:2,8:0"
+    # a tie with the chain goes to the chain
+    tie = {**round_ms, (6, 1): tree6 / (chain / 10.0)}
+    assert S.fit_schedule(profile, {**tie, (2, 1): 100.0}, chain, [1], [2, 6]).budget_for(1) == 0
+    # the margin keeps a budget that wins by less than it out
+    close = {(0, 1): 10.0, (6, 1): tree6 / (chain / 10.0) / 1.01}  # the tree wins by 1 %
+    assert S.fit_schedule(profile, close, chain, [1], [6]).budget_for(1) == 6
+    assert S.fit_schedule(profile, close, chain, [1], [6], margin=0.02).budget_for(1) == 0
+
+
+def test_fit_schedule_needs_every_cost():
+    with pytest.raises(S.ScheduleError, match=r"no chain round cost for batch size 4"):
+        S.fit_schedule([[0.5]], {(0, 1): 1.0, (2, 1): 1.0}, 1.5, [1, 4], [2])
+    with pytest.raises(S.ScheduleError, match=r"no round cost for budget 2 at batch size 1"):
+        S.fit_schedule([[0.5]], {(0, 1): 1.0}, 1.5, [1], [2])
+
+
+def test_interpolated_costs():
+    table = S.DEFAULT_ROUND_MS
+    assert S.interpolate_round_ms(table, 64, 8) == pytest.approx(19.37)
+    assert S.interpolate_round_ms(table, 0, 4) == pytest.approx(7.95 + (10.09 - 7.95) * 3 / 7)
+    assert S.interpolate_round_ms(table, 48, 1) == pytest.approx((8.52 + 9.01) / 2)
+    assert S.interpolate_round_ms(table, 64, 48) == pytest.approx(71.89 + (71.89 - 19.37) * 16 / 24)
+    assert S.interpolate_round_ms(table, 8, 1) == pytest.approx((7.95 + 8.27) / 2)  # between the chain and b16
+    grid = S.round_ms_grid(table, [16, 64], [1, 8])
+    assert set(grid) == {(b, bs) for b in (0, 16, 64) for bs in (1, 8)}
+
+
+def test_default_schedule_from_the_h200_table():
+    """`auto`: with the built-in cost table and profile a big tree pays at batch 1 only (the verify forward is
+    compute-bound: at batch 8 b64 needs 1.9x the chain's tokens)."""
+    sched = S.default_schedule([1, 2, 4, 8, 16, 24, 32])
+    assert sched.budget_for(1) == 64
+    assert all(sched.budget_for(bs) == 0 for bs in (2, 4, 8, 16, 24, 32))
+    # a drafter whose rank-1 candidates are often right (a weak chain): trees pay at every size, smaller ones as
+    # the batch grows
+    bushy = [[0.6, 0.3, 0.05]] * 15
+    sched = S.default_schedule([1, 2, 4, 8, 32], accept_profile=bushy)
+    assert str(sched) == "1:64,4:32,8:16"
+    assert S.parse_schedule(str(sched)) == sched
