@@ -26,7 +26,7 @@ from .errors import InputError, OperationFailed
 from .hostbench import Measurement, chain, ddtree, measuring, plain
 from .hostfile import plan_budget_edit, write_host_file
 from .inventory import Host
-from .probe import RUNTIME_SUBDIR, expected_sglang_dir
+from .probe import RUNTIME_SUBDIR, ddtree_summary, expected_sglang_dir
 from .spec_flags import budget_of, with_budget
 from .transaction import Progress, quiet
 from .transport import HostConnection
@@ -156,10 +156,14 @@ def tune(host: Host, prompts: list[str], *, batch_sizes: list[int] | None, budge
                              f"{s.before['max_running_requests']} requests at once (max_running_requests)")
         progress(f"{host.name}: measuring plain, chain and DDTree {', '.join(map(str, budgets))} at batch "
                  f"{', '.join(map(str, sizes))} ({len(prompts)} prompts, {max_new_tokens} tokens each)")
-        for b in sorted(budgets, reverse=True):
+        running = str(ddtree_summary(s.before, None, None).get("budget"))
+        order = sorted(budgets, key=lambda b: (str(b) != running, -b))  # the running budget first: no restart
+        if str(order[0]) == running:
+            s.serving = ddtree(host, running).name
+        for b in order:
             for bs in sizes:
                 ms.append(s.measure(ddtree(host, str(b)), bs, prompts, max_new_tokens))
-            if stats is None:  # the widest budget's counters: every rank it could draft
+            if b == max(budgets):  # the widest budget's counters: every rank it could draft
                 stats = ms[-1].accept_stats
         for cfg in (chain(host), plain()):
             for bs in sizes:

@@ -106,18 +106,18 @@ def test_bench_plain_chain_ddtree_side_by_side_and_puts_the_server_back(box) -> 
 def test_tune_dry_run_measures_and_writes_nothing(box) -> None:
     run, host_file, _, _ = box
     text = host_file.read_text()
-    res = run("tune", "--host", NAME, "--batch-sizes", "1,2", "--budgets", "4,16", *WORK, "--dry-run", "--json")
+    res = run("tune", "--host", NAME, "--batch-sizes", "1", "--budgets", "4,16", *WORK, "--dry-run", "--json")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     doc = json.loads(res.stdout)
     assert doc["written"] is False and host_file.read_text() == text
-    assert [r["batch"] for r in doc["table"]] == [1, 2]
+    assert [r["batch"] for r in doc["table"]] == [1]
     for r in doc["table"]:
         assert {"plain_tok_s", "chain_tok_s", "b4_tok_s", "b16_tok_s"} <= set(r) and r["chosen_budget"] in (0, 4, 16)
     prof = doc["accept_profile"]
     assert len(prof) == 7 and all(len(p) == 8 and sum(p) <= 1.0 + 1e-6 for p in prof)
     assert prof[0][0] > 0  # the drafter's first rank is often the target's token
     assert {(m["config"], m["batch"]) for m in doc["measurements"]} == {
-        (c, b) for c in ("ddtree-16", "ddtree-4", "chain", "plain") for b in (1, 2)}
+        (c, 1) for c in ("ddtree-16", "ddtree-4", "chain", "plain")}
     assert doc["restored"]["same_config"] and _info(host_file)["speculative_ddtree_budget"] == 16
     if not doc["unchanged"]:
         assert f"+  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget {doc['schedule']}" \
@@ -178,12 +178,12 @@ def test_server_down_is_said_and_stays_down(box) -> None:
 
 def test_ctrl_c_during_bench_leaves_the_server_as_configured(box) -> None:
     _, host_file, env, wheel_env = box
-    proc = subprocess.Popen([str(wheel_env.script), "bench", "--host", NAME, "--batch-sizes", "1,2",
-                             "--max-new-tokens", "48"], env=wheel_env.env(**env), cwd=wheel_env.workdir,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Interrupted while the server restarts for plain decoding: the host's guardian puts it back as configured."""
+    proc = subprocess.Popen([str(wheel_env.script), "bench", "--host", NAME, *WORK], env=wheel_env.env(**env),
+                            cwd=wheel_env.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = ""
     deadline = time.monotonic() + 300
-    while "plain batch 1" not in seen and time.monotonic() < deadline:  # the server runs plain decoding now
+    while "restarting the server for plain" not in seen and time.monotonic() < deadline:
         line = proc.stderr.readline()
         if not line:
             break
