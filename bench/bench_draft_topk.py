@@ -53,7 +53,7 @@ def _load(smoke: bool):
     sys.modules[spec.name] = glue
     spec.loader.exec_module(glue)
     glue.runtime = lambda: rt
-    return rt, glue
+    return rt, glue, importlib.import_module(rt.__name__ + ".topk_triton")
 
 
 def graph_us(fn, reps: int = 10, replays: int = 20, windows: int = 5) -> float:
@@ -94,7 +94,7 @@ def wall_us(fn, iters: int = 1) -> float:
     return (time.perf_counter() - t0) * 1e6 / iters
 
 
-def measure(rt, glue, shape: dict, smoke: bool, progress=print) -> list[dict]:
+def measure(rt, glue, kernel, shape: dict, smoke: bool, progress=print) -> list[dict]:
     import torch
 
     dev = torch.device("cpu" if smoke else "cuda")
@@ -122,13 +122,15 @@ def measure(rt, glue, shape: dict, smoke: bool, progress=print) -> list[dict]:
             ours = timer(lambda x=logits, k=k: rt.draft_topk(x.unsqueeze(0), k, impl=impl))
             ref = timer(lambda x=logits, k=k: rt.draft_topk(x.unsqueeze(0), k, impl="torch"))
             bare = timer(lambda x=logits, k=k: torch.topk(x, k, dim=-1))
+            splits, split_len = kernel.plan(n, vocab, kernel.next_pow2(k), kernel.DEFAULT_CHUNK, dev)
             rows.append({
                 "batch": batch, "rows": n, "k": k, "budget": k,
                 "chain_head_argmax_us": round(chain, 2), "ddtree_head_topk_us": round(ddtree, 2),
                 "head_ratio": round(ddtree / chain, 3),
                 "argmax_us": round(argmax, 2), "topk_us": round(ours, 2), "topk_ratio": round(ours / argmax, 3),
                 "topk_torch_reference_us": round(ref, 2), "torch_topk_values_only_us": round(bare, 2),
-                "logits_bytes": n * vocab * 2, "tokens_equal_reference": same_tokens,
+                "logits_bytes": n * vocab * 2, "kernel_splits": splits, "kernel_split_len": split_len,
+                "tokens_equal_reference": same_tokens,
                 "max_logprob_diff": lp_err,
             })
             progress(f"  chain {chain:.1f} us, ddtree {ddtree:.1f} us ({ddtree / chain:.2f}x); "
@@ -170,12 +172,13 @@ def markdown(result: dict) -> str:
              f"Selection alone (top-k / argmax on ready logits), worst at that batch: {v['worst_topk_ratio']}x. "
              f"Kernel tokens equal the torch reference at every shape: {v['tokens_equal_reference']}.", "",
              "| batch | rows | k | chain: head+argmax µs | DDTree: head+top-k µs | ratio | argmax µs | top-k µs | "
-             "ratio | torch reference µs | torch.topk (values) µs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio | torch reference µs | torch.topk (values) µs | kernel splits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['batch']} | {r['rows']} | {r['k']} | {r['chain_head_argmax_us']} | "
                      f"{r['ddtree_head_topk_us']} | {r['head_ratio']} | {r['argmax_us']} | {r['topk_us']} | "
-                     f"{r['topk_ratio']} | {r['topk_torch_reference_us']} | {r['torch_topk_values_only_us']} |")
+                     f"{r['topk_ratio']} | {r['topk_torch_reference_us']} | {r['torch_topk_values_only_us']} | "
+                     f"{r['kernel_splits']} x {r['kernel_split_len']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -191,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_draft_topk: needs a CUDA GPU (torch sees none); use --smoke for the CPU smoke run",
               file=sys.stderr)
         return 2
-    rt, glue = _load(args.smoke)
+    rt, glue, kernel = _load(args.smoke)
     shape = SMOKE if args.smoke else FULL
-    rows = measure(rt, glue, shape, args.smoke, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    rows = measure(rt, glue, kernel, shape, args.smoke, progress=lambda m: print(m, file=sys.stderr, flush=True))
     result = {"command": COMMAND + (" --smoke" if args.smoke else ""), "environment": environment(args.smoke),
               "shape": {k: v for k, v in shape.items()}, "rows": rows, "verdict": verdict(rows, args.smoke)}
     name = "draft-topk-smoke" if args.smoke else "draft-topk-" + (

@@ -33,6 +33,7 @@ INT32_MIN = tl.constexpr(-(1 << 31))
 INT32_MAX = tl.constexpr((1 << 31) - 1)
 MAX_MERGE = 8192  # stage 2 sorts splits * KP keys per row: at most this many
 DEFAULT_CHUNK = 2048
+PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -118,12 +119,13 @@ def _sm_count(device_index: int) -> int:
 
 
 def plan(rows: int, vocab: int, kp: int, chunk: int, device: torch.device) -> tuple[int, int]:
-    """(splits, split_len): enough programs to fill the GPU (about two per SM), each at least four chunks long
-    (each split pays one chunk-wide top-k), and at most MAX_MERGE keys for stage 2 to sort per row."""
+    """(splits, split_len): enough programs to keep every SM streaming (PROGRAMS_PER_SM: a program has one chunk's
+    load in flight at a time, so several per SM hide the memory latency), each at least four chunks long (each split
+    pays one chunk-wide top-k), and at most MAX_MERGE keys for stage 2 to sort per row."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 4
     chunks = triton.cdiv(vocab, chunk)
-    splits = max(1, min(triton.cdiv(2 * sms, rows), triton.cdiv(chunks, 4), MAX_MERGE // kp))
+    splits = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, rows), triton.cdiv(chunks, 4), MAX_MERGE // kp))
     split_len = triton.cdiv(chunks, splits) * chunk
     return triton.cdiv(vocab, split_len), split_len
 
