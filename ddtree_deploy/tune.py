@@ -146,6 +146,7 @@ def tune(host: Host, prompts: list[str], *, batch_sizes: list[int] | None, budge
     depths = int(host.server.get("draft_depths") or 15)
     ms: list[Measurement] = []
     stats = None
+    plan_budget_edit(host, "1:16,8:0")  # a host file tune cannot edit is refused before anything is measured
     with measuring(host, "ddtree-deploy tune", progress) as s:
         check_schedule_support(s.run.conn, host, s.active)
         sizes = batch_sizes or default_batch_sizes(s.before)
