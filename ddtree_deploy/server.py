@@ -131,9 +131,9 @@ class ServerControl:
     (refused by the host once the run lost its lock, and recorded so an interrupted run restarts the server on the
     last good release)."""
 
-    def __init__(self, conn: HostConnection, fence: str | None = None) -> None:
+    def __init__(self, conn: HostConnection, fence: str | None = None, host: Host | None = None) -> None:
         self.conn = conn
-        self.host = conn.host
+        self.host = host or conn.host  # ``host``: a variant of the connection's host (other DDTree flags; bench, tune)
         self.fence = fence
 
     def _call(self, op: str, **args: Any) -> Any:

@@ -53,7 +53,8 @@ RULES: list[tuple[str, object]] = [
 DDTREE_CORE = ("draft_topk", "build_tree", "verify_inputs", "mask", "sampling", "walk", "kv_compaction")
 DDTREE_ALL = DDTREE_CORE + ("verify_prepare_other", "verify_commit_other", "ddtree_glue", "hybrid_commit")
 # Fallback without Python frames: our Triton kernels by name.
-KERNEL_NAMES = {"_chunk_topk_kernel": "draft_topk", "_build_tree_kernel": "build_tree", "_verify_kernel": "verify_inputs",
+KERNEL_NAMES = {"_chunk_topk_kernel": "draft_topk", "_split_topk_kernel": "draft_topk",
+                "_merge_splits_kernel": "draft_topk", "_build_tree_kernel": "build_tree", "_verify_kernel": "verify_inputs",
                 "_ddtree_expand_mask_kernel": "mask", "_sample_kernel": "sampling", "_walk_kernel": "walk",
                 "_compaction_kernel": "kv_compaction"}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -83,8 +83,61 @@ class _Output:
         return kept
 
 
+@dataclass
+class AcceptStats:
+    """Per-depth, per-rank acceptance as DDTree's cost model needs it (runtime ``schedule.py``'s accept profile).
+
+    ``reached[d]``: rounds whose accepted path reached draft position ``d`` (d accepted tokens before it), so the
+    target's token there is known (an accepted draft token, or the bonus token). ``hits[d][r]``: of those, how often
+    that token was the drafter's rank-``r`` candidate at position ``d`` (descending logit, ties by token id), for
+    ``r < ranks``. ``hits[d][r] / reached[d]`` estimates P(rank r is the target's token | path accepted to d), for
+    any budget: the drafter's ranking does not depend on the tree that was built from it."""
+
+    depths: int
+    ranks: int = 8
+    reached: list[int] = field(default_factory=list)
+    hits: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reached = self.reached or [0] * self.depths
+        self.hits = self.hits or [[0] * self.ranks for _ in range(self.depths)]
+
+    def record(self, draft_logits: torch.Tensor, committed: list[int]) -> None:
+        """``draft_logits`` [L, V] of the round; ``committed`` = accepted tokens then the bonus token."""
+        for d, tok in enumerate(committed[: self.depths]):
+            row = draft_logits[d].float()
+            ahead = (row > row[tok]).sum() + ((row == row[tok]) & (torch.arange(row.numel()) < tok)).sum()
+            self.reached[d] += 1
+            if int(ahead) < self.ranks:
+                self.hits[d][int(ahead)] += 1
+
+    def to_dict(self) -> dict:
+        return {"ranks": self.ranks, "depth_reached": list(self.reached), "rank_hits": [list(h) for h in self.hits]}
+
+
+@dataclass
+class Request:
+    """One request being decoded: its cache, the committed output and what the next round starts from."""
+
+    params: SamplingParams
+    gen: torch.Generator
+    cache: KVCache
+    out: "_Output"
+    result: GenerationResult
+    root: int
+    ctx_token: int
+    ctx_hidden: torch.Tensor
+    t0: float
+
+    @property
+    def done(self) -> bool:
+        return self.out.finish is not None
+
+
 class Engine:
-    """Owns the models and the decoding mode; ``generate`` serves one request (batch 1)."""
+    """Owns the models and the decoding mode. ``generate`` serves one request alone; ``start`` + ``step`` let a
+    scheduler advance several requests round by round, each round at the budget it picks for the batch (a budget of
+    0 runs the chain round: one candidate per depth)."""
 
     def __init__(
         self,
@@ -93,6 +146,7 @@ class Engine:
         runtime: ModuleType | None = None,
         budget: int = 16,
         block_size: int = 8,
+        max_budget: int | None = None,
     ) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown speculative algorithm {algorithm!r}; expected one of {ALGORITHMS}")
@@ -104,17 +158,27 @@ class Engine:
         self.algorithm = algorithm
         self.runtime = runtime
         self.budget = budget
+        self.max_budget = max(budget, int(max_budget or 0))
         self.block_size = block_size
         self.drafter = BlockDrafter(target, block_size) if algorithm != "NONE" else None
+        self.stats = AcceptStats(block_size - 1) if algorithm != "NONE" else None
 
     @property
     def tree_slots(self) -> int:
-        """Verify width of one round (root + nodes); the KV cache must have this much headroom."""
+        """Verify width of the widest round (root + nodes); the KV cache must have this much headroom."""
         if self.algorithm == "DDTREE":
-            return self.budget + 1
+            return max(self.max_budget + 1, self.block_size)
         if self.algorithm == "DFLASH":
             return self.block_size
         return 1
+
+    def round_width(self, budget: int | None) -> int:
+        """Tokens the target verifies in one round at ``budget`` (1 for plain decoding)."""
+        if self.algorithm == "NONE":
+            return 1
+        if self.algorithm == "DFLASH" or not budget:
+            return self.block_size
+        return int(budget) + 1
 
     def generate(self, input_ids: list[int], params: SamplingParams, seed: int = 0) -> GenerationResult:
         """Decode one request. ``seed`` drives every random draw, so a (seed, request) pair replays exactly.
@@ -122,6 +186,13 @@ class Engine:
         The first token always comes from the prefill logits through the autoregressive sampler, so all
         three algorithms share it; speculative rounds then start from it as their root.
         """
+        req = self.start(input_ids, params, seed)
+        while not req.done:
+            self.step(req, self.budget)
+        return req.result
+
+    def start(self, input_ids: list[int], params: SamplingParams, seed: int = 0) -> Request:
+        """Prefill a request and commit its first token (the autoregressive sampler's, for every algorithm)."""
         if not input_ids:
             raise ValueError("input_ids must not be empty")
         vocab = self.target.cfg.vocab_size
@@ -139,22 +210,32 @@ class Engine:
         root = sample_ar(logits[-1], params.temperature, gen)
         out.extend([root])
         result = GenerationResult(output_ids=out.ids, finish_reason={}, prompt_tokens=len(input_ids))
+        req = Request(params, gen, cache, out, result, root, input_ids[-1], hidden[-1], t0)
+        self._finish_if_done(req)
+        return req
+
+    def step(self, req: Request, budget: int | None = None) -> None:
+        """Advance ``req`` by one decoding step: a plain step, or one speculative round at ``budget`` (0 = chain)."""
+        if req.done:
+            return
         if self.algorithm == "NONE":
-            while out.finish is None:
-                logits, _ = self.target.forward(torch.tensor([root]), torch.tensor([cache.length]), cache)
-                cache.length += 1
-                root = sample_ar(logits[-1], params.temperature, gen)
-                out.extend([root])
+            logits, _ = self.target.forward(torch.tensor([req.root]), torch.tensor([req.cache.length]), req.cache)
+            req.cache.length += 1
+            req.root = sample_ar(logits[-1], req.params.temperature, req.gen)
+            req.out.extend([req.root])
         else:
-            ctx_token, ctx_hidden = input_ids[-1], hidden[-1]
-            while out.finish is None:
-                tokens, ctx_token, ctx_hidden = self._round(cache, root, ctx_token, ctx_hidden, params, gen)
-                result.verify_rounds += 1
-                result.round_commits.append(out.extend(tokens))
-                root = tokens[-1]
-        result.finish_reason = out.finish or {}
-        result.seconds = time.perf_counter() - t0
-        return result
+            tokens, req.ctx_token, req.ctx_hidden = self._round(req.cache, req.root, req.ctx_token, req.ctx_hidden,
+                                                                req.params, req.gen, budget)
+            req.result.verify_rounds += 1
+            req.result.round_commits.append(req.out.extend(tokens))
+            req.root = tokens[-1]
+        self._finish_if_done(req)
+
+    @staticmethod
+    def _finish_if_done(req: Request) -> None:
+        if req.done:
+            req.result.finish_reason = req.out.finish or {}
+            req.result.seconds = time.perf_counter() - req.t0
 
     def _round(
         self,
@@ -164,15 +245,17 @@ class Engine:
         ctx_hidden: torch.Tensor,
         params: SamplingParams,
         gen: torch.Generator,
+        budget: int | None = None,
     ) -> tuple[list[int], int, torch.Tensor]:
         """One draft -> tree -> verify -> walk -> compaction round; returns committed tokens and the new context feature."""
         rt = self.runtime
         draft_logits = self.drafter.draft(root, cache.length, ctx_token, ctx_hidden)[None]  # [1, L, V]
         vocab = draft_logits.shape[-1]
-        if self.algorithm == "DFLASH":
+        budget = self.budget if budget is None else int(budget)
+        if self.algorithm == "DFLASH" or budget == 0:
             k, budget = 1, self.drafter.depths  # one candidate per depth: the top-1 chain
         else:
-            k, budget = min(self.budget, vocab), self.budget
+            k = min(budget, vocab)
         lp, tok = rt.draft_topk(draft_logits, k, impl="auto")
         tree = rt.build_tree(lp, tok, torch.tensor([root], dtype=torch.long), budget, impl="auto")
         committed = torch.tensor([cache.length], dtype=torch.long)
@@ -189,4 +272,6 @@ class Engine:
         cache.length += accepted + 1
         last_node = int(walk.accepted_nodes[0, accepted])
         tokens = [int(t) for t in walk.accepted_tokens[0, : accepted + 1]]
+        if self.stats is not None:
+            self.stats.record(draft_logits[0], tokens)
         return tokens, int(tree.token[0, last_node]), hidden[last_node]

@@ -1,8 +1,10 @@
-"""HTTP front end with SGLang's endpoint shapes (/health, /get_server_info, /generate).
+"""HTTP front end with SGLang's endpoint shapes (/health, /get_server_info, /generate), and a small scheduler.
 
-Why SGLang's shapes: the deployment probe is written once, against SGLang; on a GPU-less host it
-talks to this server instead and must not need to know. Stdlib only (ThreadingHTTPServer), one
-generation at a time behind a lock: the sandbox needs correctness and clear failures, not throughput.
+Why SGLang's shapes: the deployment probe, ``bench`` and ``tune`` are written once, against SGLang; on a GPU-less
+host they talk to this server instead and must not need to know. Stdlib only (ThreadingHTTPServer). Requests
+that arrive together decode together, like SGLang's continuous batching: up to ``max_running_requests`` run, and
+each step advances every running request by one round at the budget the DDTree schedule gives for that batch size
+(so a schedule such as ``1:64,4:16,8:0`` really changes the verify width with the load).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import secrets
 import threading
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import tokenizer
-from .decode import Engine, SamplingParams
+from .decode import Engine, GenerationResult, Request, SamplingParams
 
 log = logging.getLogger("ddtree_refengine")
 
@@ -72,6 +76,85 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[int], SamplingParams, int
     return input_ids, SamplingParams(max_new, temperature, tuple(dict.fromkeys(stops))), seed
 
 
+@dataclass
+class _Job:
+    input_ids: list[int]
+    params: SamplingParams
+    seed: int
+    done: threading.Event = field(default_factory=threading.Event)
+    req: Request | None = None
+    error: BaseException | None = None
+
+
+class Batcher:
+    """Continuous batching in miniature. Each step: admit waiting requests up to ``max_running`` (prefill), then
+    advance every running request by one round at ``budget_for(batch size)`` (0 = the chain round), then wait the
+    emulated GPU cost of the step when it is set: ``step_cost_ms`` once (reading the weights, whatever the batch) plus
+    ``verify_token_cost_us`` per verified token of the batch (the verify forward is compute-bound once a batch is
+    large). Without it a CPU step costs what the tiny models cost, which grows with the batch but hardly with the
+    width. One thread decodes."""
+
+    def __init__(self, engine: Engine, budget_for: Any, max_running: int = 8, verify_token_cost_us: float = 0.0,
+                 step_cost_ms: float = 0.0) -> None:
+        self.engine = engine
+        self.budget_for = budget_for
+        self.max_running = max(1, int(max_running))
+        self.cost_us = float(verify_token_cost_us)
+        self.step_ms = float(step_cost_ms)
+        self.cv = threading.Condition()
+        self.waiting: deque[_Job] = deque()
+        self.running: list[_Job] = []
+        self.steps = 0
+        threading.Thread(target=self._loop, name="batcher", daemon=True).start()
+
+    def submit(self, input_ids: list[int], params: SamplingParams, seed: int) -> GenerationResult:
+        job = _Job(input_ids, params, seed)
+        with self.cv:
+            self.waiting.append(job)
+            self.cv.notify()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.req.result
+
+    def _admit(self) -> None:
+        with self.cv:
+            while not self.waiting and not self.running:
+                self.cv.wait()
+            fresh = []
+            while self.waiting and len(self.running) + len(fresh) < self.max_running:
+                fresh.append(self.waiting.popleft())
+        for job in fresh:
+            try:
+                job.req = self.engine.start(job.input_ids, job.params, seed=job.seed)
+            except BaseException as exc:  # a bad request fails alone
+                job.error = exc
+                job.done.set()
+                continue
+            self.running.append(job)
+
+    def _loop(self) -> None:
+        while True:
+            self._admit()
+            live = [j for j in self.running if not j.req.done]
+            if live:
+                bs = len(live)
+                budget = self.budget_for(bs) if self.engine.algorithm != "NONE" else None
+                for job in live:
+                    try:
+                        self.engine.step(job.req, budget)
+                    except BaseException as exc:
+                        log.exception("decoding step failed")
+                        job.error = exc
+                wait = self.step_ms / 1e3 + self.cost_us * bs * self.engine.round_width(budget) / 1e6
+                if wait > 0:
+                    time.sleep(wait)
+                self.steps += 1
+            for job in [j for j in self.running if j.error is not None or j.req.done]:
+                self.running.remove(job)
+                job.done.set()
+
+
 class EngineServer(ThreadingHTTPServer):
     """Serves 503 on /health until ``set_ready`` installs the engine (models build after binding)."""
 
@@ -81,7 +164,8 @@ class EngineServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.info = info
         self.engine: Engine | None = None
-        self.lock = threading.Lock()
+        self.batcher: Batcher | None = None
+        self.lock = threading.Lock()  # the counters below
         # the counters SGLang's scheduler keeps for /get_server_info's internal_states
         self.spec_accept_tokens = 0
         self.spec_forward_ct = 0
@@ -95,17 +179,20 @@ class EngineServer(ThreadingHTTPServer):
         state["last_gen_throughput"] = self.last_gen_throughput
         if self.info.get("speculative_algorithm") and self.spec_forward_ct:
             state["avg_spec_accept_length"] = self.spec_accept_tokens / self.spec_forward_ct
+        if self.engine is not None and self.engine.stats is not None:
+            state["spec_accept_stats"] = self.engine.stats.to_dict()
         return {**self.info, "ready": self.engine is not None, "internal_states": [state]}
 
-    def set_ready(self, engine: Engine) -> None:
+    def set_ready(self, engine: Engine, batcher: Batcher | None = None) -> None:
+        self.batcher = batcher or Batcher(engine, lambda bs: engine.budget)
         self.engine = engine
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         input_ids, params, seed = parse_generate(body)
         if self.engine is None:
             raise RuntimeError("engine not ready")
+        res = self.batcher.submit(input_ids, params, seed)
         with self.lock:
-            res = self.engine.generate(input_ids, params, seed=seed)
             if res.verify_rounds:
                 self.spec_accept_tokens += sum(res.round_commits)
                 self.spec_forward_ct += res.verify_rounds

@@ -300,6 +300,61 @@ def _generate(url, prompts, max_new_tokens, budget):
     return results
 
 
+def workload(url, prompts, max_new_tokens, concurrency=1, budget=300.0, temperature=0.0):
+    """A measured workload: every prompt once (cycled until ``concurrency`` requests can be in flight), with
+    ``concurrency`` requests in flight at a time, so the server decodes them as a batch of that size. Each request
+    decodes exactly ``max_new_tokens`` (ignore_eos). Per request: tokens, latency and the server's speculative
+    counters; the wall time of the whole run; /get_server_info after it. Runs on the host: latencies carry no SSH."""
+    concurrency = max(1, int(concurrency))
+    total = max(len(prompts), concurrency)
+    total += (-total) % concurrency
+    jobs = [prompts[i % len(prompts)] for i in range(total)]
+    results = [None] * total
+    errors = []
+    lock = threading.Lock()
+    deadline = time.time() + float(budget)
+    nxt = [0]
+
+    def worker():
+        while True:
+            with lock:
+                if nxt[0] >= total or errors:
+                    return
+                i = nxt[0]
+                nxt[0] += 1
+            body = _json.dumps({"text": jobs[i], "sampling_params": {
+                "temperature": float(temperature), "max_new_tokens": int(max_new_tokens), "ignore_eos": True}}).encode()
+            t0 = time.time()
+            try:
+                code, raw = _http(url.rstrip("/") + "/generate", max(1.0, deadline - t0), data=body)
+                reply = _json.loads(raw.decode("utf-8", "replace")) if code == 200 else None
+            except Exception as exc:
+                code, reply, raw = None, None, str(getattr(exc, "reason", exc)).encode()
+            if reply is None:
+                with lock:
+                    errors.append("POST /generate answered %s: %s" % (code or "no reply",
+                                                                      raw[:300].decode("utf-8", "replace")))
+                return
+            meta = reply.get("meta_info") or {}
+            results[i] = {"completion_tokens": meta.get("completion_tokens") or len(reply.get("output_ids") or []),
+                          "spec_accept_length": meta.get("spec_accept_length"), "spec_verify_ct": meta.get("spec_verify_ct"),
+                          "latency": round(time.time() - t0, 4)}
+
+    t0 = time.time()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.time()) + 5.0)
+    wall = time.time() - t0
+    if errors:
+        raise Failure("workload at batch %d: %s" % (concurrency, errors[0]), "http")
+    if any(r is None for r in results):
+        raise Failure("workload at batch %d did not finish within %.0f s" % (concurrency, float(budget)), "timeout")
+    return {"requests": results, "seconds": round(wall, 4), "concurrency": concurrency,
+            "server_info": server_info(url)}
+
+
 def read_json(path):
     try:
         with open(path) as fh:
@@ -315,4 +370,4 @@ def write_json(path, data):
 
 
 OPS = {"inspect": inspect, "gpu": gpu, "selftest": selftest, "wait_ready": wait_ready, "server_info": server_info,
-       "generate": generate, "read_json": read_json, "write_json": write_json}
+       "generate": generate, "workload": workload, "read_json": read_json, "write_json": write_json}

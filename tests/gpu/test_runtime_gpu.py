@@ -97,7 +97,9 @@ def test_draft_topk_full_vocab():
         lp_t, tok_t = rt.draft_topk(logits, k, impl="triton")
         lp_r, tok_r = rt.draft_topk(logits, k, impl="torch")
         assert torch.equal(tok_t, tok_r), f"tokens differ (batch {batch}, k {k}, {kind}, seed {SEED})"
-        assert torch.equal(lp_t, lp_r), f"log-probs differ (batch {batch}, k {k}, {kind}, seed {SEED})"
+        # the kernel's log-sum-exp is summed in another order than torch's: a few fp32 ulps
+        torch.testing.assert_close(lp_t, lp_r, atol=4e-6, rtol=1e-6,
+                                   msg=f"log-probs differ (batch {batch}, k {k}, {kind}, seed {SEED})")
 
 
 def _check_oracle(tree, lp, tok, roots, budget, requests: int) -> None:
@@ -234,7 +236,8 @@ def test_zz_budget_1024():
     logits = (torch.randn(2, L, VOCAB, device="cuda", generator=g) * 2.5).to(torch.bfloat16)
     lp, tok = rt.draft_topk(logits, 1024, impl="triton")
     lp_r, tok_r = rt.draft_topk(logits, 1024, impl="torch")
-    assert torch.equal(lp, lp_r) and torch.equal(tok, tok_r)
+    assert torch.equal(tok, tok_r)
+    torch.testing.assert_close(lp, lp_r, atol=4e-6, rtol=1e-6)
     for salt, (batch, kind) in enumerate([(4, "normal"), (2, "ties")]):
         lp, tok, roots = _inputs(batch, 4096, 1024, kind, 910 + salt)
         tree = rt.build_tree(lp, tok, roots, 1024, impl="triton")

@@ -1,4 +1,9 @@
-"""draft_topk: full-vocab fp32 log-softmax + top-k with the documented order (log-prob desc, token id asc)."""
+"""draft_topk: full-vocab fp32 log-softmax + top-k with the documented order (logit desc, token id asc).
+
+The kernel (one pass per vocab split, then a merge) is checked against the torch reference and an independent
+numpy sort on fresh random inputs each run (the run seed is printed): tokens and order exactly, log-probs to a
+few fp32 ulps (the kernel sums its log-sum-exp in another order than torch).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -9,15 +14,16 @@ from rt_helpers import random_logits
 
 
 def _expected(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Independent check: full stable sort in numpy of the fp32 log-probs, ties by token id."""
+    """Independent check: full stable sort in numpy of the fp32 logits, ties by token id; log-probs of those."""
     x = logits.float()
     lp = (x - torch.logsumexp(x, -1, keepdim=True)).numpy()
+    xs = x.numpy()
     batch, depth, vocab = lp.shape
     out_lp = np.empty((batch, depth, k), np.float32)
     out_tok = np.empty((batch, depth, k), np.int64)
     for b in range(batch):
         for d in range(depth):
-            order = np.lexsort((np.arange(vocab), -lp[b, d].astype(np.float64)))[:k]
+            order = np.lexsort((np.arange(vocab), -xs[b, d].astype(np.float64)))[:k]
             out_lp[b, d], out_tok[b, d] = lp[b, d, order], order
     return out_lp, out_tok
 
@@ -44,27 +50,76 @@ def test_rejects_bad_k(rt):
         rt.draft_topk(torch.zeros(1, 2, 5), 0, impl="torch")
 
 
-@needs_triton
-@pytest.mark.parametrize("batch,depth,vocab,k,kind,dtype", [
-    (2, 3, 50, 8, "normal", torch.float32),
-    (1, 2, 300, 16, "ties", torch.float32),     # ties across the vocab
-    (2, 2, 7, 7, "equal", torch.bfloat16),      # k = V, all equal: pure token-id order
-])
-def test_kernel_matches_reference(rt, gen, dev, batch, depth, vocab, k, kind, dtype):
-    logits = random_logits(gen, batch, depth, vocab, kind).to(dtype).to(dev)
-    lp_t, tok_t = rt.draft_topk(logits, k, impl="triton")
-    lp_r, tok_r = rt.draft_topk(logits, k, impl="torch")
-    assert torch.equal(tok_t, tok_r)
-    assert torch.equal(lp_t, lp_r)
+def _close(lp_t: torch.Tensor, lp_r: torch.Tensor) -> None:
+    torch.testing.assert_close(lp_t.cpu(), lp_r.cpu(), atol=4e-6, rtol=1e-6, equal_nan=True)
 
 
-@needs_triton
-@pytest.mark.parametrize("kind,k", [("normal", 33), ("ties", 5)])
-def test_kernel_several_vocab_tiles(rt, gen, dev, kind, k):
-    """Small tiles force the two-stage path: 150 tokens in three 64-wide tiles, the last one ragged."""
+def _kernel(logits, k, **plan):
     from ddtree_runtime.topk_triton import draft_topk_triton
 
-    logits = random_logits(gen, 1, 2, 150, kind).to(dev)
-    lp_t, tok_t = draft_topk_triton(logits, k, chunk=64)
+    return draft_topk_triton(logits, k, **plan)
+
+
+@needs_triton
+@pytest.mark.parametrize("batch,depth,vocab,k,kind,dtype,chunk,splits", [
+    (2, 3, 50, 8, "normal", torch.float32, None, None),
+    (1, 2, 300, 16, "ties", torch.float32, 32, 3),      # ties across tiles and splits: ascending token id
+    (2, 2, 7, 7, "equal", torch.bfloat16, None, None),  # k = V, all equal: pure token-id order
+    (1, 2, 150, 33, "normal", torch.float32, 64, None),  # 150 = 2 x 64 + 22: the last tile ragged
+    (1, 3, 200, 1, "normal", torch.bfloat16, 16, 4),   # k = 1 (the chain's argmax)
+    (1, 2, 130, 64, "ties", torch.float32, 64, 2),     # k = chunk size
+    (2, 2, 333, 5, "peaked", torch.bfloat16, 16, 5),   # bf16 read as is; one dominant token per depth
+])
+def test_kernel_matches_reference(rt, gen, dev, batch, depth, vocab, k, kind, dtype, chunk, splits):
+    logits = random_logits(gen, batch, depth, vocab, kind).to(dtype).to(dev)
+    lp_t, tok_t = _kernel(logits, k, chunk=chunk, splits=splits)
     lp_r, tok_r = rt.draft_topk(logits, k, impl="torch")
-    assert torch.equal(tok_t, tok_r) and torch.equal(lp_t, lp_r)
+    exp_lp, exp_tok = _expected(logits.cpu(), k)
+    assert lp_t.dtype == torch.float32 and tok_t.dtype == torch.int64 and lp_t.shape == (batch, depth, k)
+    assert torch.equal(tok_t.cpu(), tok_r.cpu()) and np.array_equal(tok_t.cpu().numpy(), exp_tok)
+    _close(lp_t, lp_r)
+    _close(lp_t, torch.from_numpy(exp_lp))
+
+
+@needs_triton
+def test_kernel_extreme_logits(rt, gen, dev):
+    """-inf entries (masked tokens), huge finite logits (online max rescaling), signed zeros, a row with fewer
+    finite entries than k: -inf candidates then come in token-id order, as in the reference."""
+    x = random_logits(gen, 1, 4, 97, "normal")
+    x[0, 0, ::3] = float("-inf")
+    x[0, 1, 40] = 3e38
+    x[0, 1, 90] = -3e38
+    x[0, 2] = torch.where(torch.arange(97) % 2 == 0, torch.tensor(0.0), torch.tensor(-0.0))
+    x[0, 3, 5:] = float("-inf")
+    for k in (1, 9):
+        lp_t, tok_t = _kernel(x.to(dev), k, chunk=16, splits=3)
+        lp_r, tok_r = rt.draft_topk(x, k, impl="torch")
+        assert torch.equal(tok_t.cpu(), tok_r), k
+        _close(lp_t, lp_r)
+    assert sorted(tok_t[0, 3, :5].tolist()) == [0, 1, 2, 3, 4] and tok_t[0, 3, 5:].tolist() == [5, 6, 7, 8]
+    assert torch.isinf(lp_t[0, 3, 5:]).all()
+
+
+@needs_triton
+def test_kernel_raw_values_and_lse_for_the_tp_merge(rt, gen, dev):
+    """sub_lse=False returns the logits themselves (bit-exact: what a tensor-parallel rank gathers) and the
+    shard's log-sum-exp; a strided row (a slice of a wider buffer) is read in place."""
+    from ddtree_runtime.topk_triton import topk_logits_lse
+
+    wide = random_logits(gen, 1, 5, 260, "normal").to(dev)
+    x = wide[..., :211]
+    vals, tok, lse = topk_logits_lse(x, 12, sub_lse=False, chunk=32, splits=2)
+    v_r, t_r, l_r = rt.topk_logits_lse(x.cpu(), 12, sub_lse=False, impl="torch")
+    assert torch.equal(tok.cpu(), t_r) and torch.equal(vals.cpu(), v_r)
+    assert torch.equal(vals.cpu(), x.cpu().float().gather(-1, t_r))
+    _close(lse, l_r)
+
+
+@needs_triton
+def test_kernel_default_plan_at_a_real_vocab(rt, gen, dev):
+    """The plan the GPU uses (2048-wide tiles, several splits) over a 151,936-token row (Qwen3's vocab)."""
+    logits = (torch.randn(1, 1, 151_936, generator=gen) * 2.5).to(torch.bfloat16).to(dev)
+    lp_t, tok_t = rt.draft_topk(logits, 16, impl="triton")
+    lp_r, tok_r = rt.draft_topk(logits, 16, impl="torch")
+    assert torch.equal(tok_t.cpu(), tok_r.cpu())
+    _close(lp_t, lp_r)

@@ -13,7 +13,7 @@ from .commit import gather_path, path_first_slot_order
 from .compaction import kv_compaction
 from .mask import mask_numel, mask_offsets, write_verify_mask
 from .selftest import self_test
-from .topk import draft_topk
+from .topk import draft_topk, topk_logits_lse
 from .tree import build_tree
 from .tree_recurrent import (
     check_budget_bytes,
@@ -45,6 +45,7 @@ __all__ = [
     "check_parent_order",
     "commit_tree_states",
     "draft_topk",
+    "topk_logits_lse",
     "gather_path",
     "kv_compaction",
     "mask_numel",

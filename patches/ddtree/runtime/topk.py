@@ -4,17 +4,28 @@ from __future__ import annotations
 import torch
 
 from ._dispatch import use_triton
-from .topk_ref import draft_topk_torch
+from .topk_ref import topk_logits_lse_torch
+
+
+def topk_logits_lse(logits: torch.Tensor, k: int, sub_lse: bool = True,
+                    impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[..., V] -> (values fp32 [..., k], tokens int64 [..., k], log-sum-exp fp32 [...]).
+
+    Values are log-probs (``sub_lse``) or the raw fp32 logits (what a tensor-parallel rank gathers with its
+    shard's log-sum-exp). Ranks by descending logit, ties by ascending token id. The triton path reads the
+    logits once (:mod:`.topk_triton`); both are sync-free.
+    """
+    if use_triton(impl, logits):
+        from .topk_triton import topk_logits_lse as fused
+
+        return fused(logits, k, sub_lse=sub_lse)
+    return topk_logits_lse_torch(logits, k, sub_lse=sub_lse)
 
 
 def draft_topk(draft_logits: torch.Tensor, k: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 log-softmax over the full vocab, then top-k: (logprobs fp32 [B, L, k], tokens int64 [B, L, k]).
 
-    Ranks are sorted by descending log-prob, ties by ascending token id. The triton path fuses the
-    log-sum-exp and a chunked top-k (:mod:`.topk_triton`); both are sync-free.
+    Ranks are sorted by descending log-prob (= descending logit), ties by ascending token id.
     """
-    if use_triton(impl, draft_logits):
-        from .topk_triton import draft_topk_triton
-
-        return draft_topk_triton(draft_logits, k)
-    return draft_topk_torch(draft_logits, k)
+    lp, tok, _ = topk_logits_lse(draft_logits, k, impl=impl)
+    return lp, tok

@@ -91,8 +91,8 @@ def draft_topk(hidden: torch.Tensor, shard: HeadShard, k: int, tp_group: Any = N
                                                                                              torch.Tensor]:
     """Per-position top-k draft log-probs (fp32 [n, k]) and token ids (int64 [n, k]) over the whole vocabulary.
 
-    Single rank: the runtime's ``draft_topk`` (fused log-sum-exp + chunked top-k on the GPU). TP: local top-k and
-    log-sum-exp, one all-gather each, :func:`merge_shard_topk`. Sync-free; capturable with ``tp_group`` None or a
+    Single rank: the runtime's ``draft_topk`` (one pass over the logits on the GPU: log-sum-exp and top-k). TP:
+    the same pass gives the shard's top-k logits and log-sum-exp, one all-gather each, :func:`merge_shard_topk`. Sync-free; capturable with ``tp_group`` None or a
     group whose all-gather is.
     """
     rt = runtime()
@@ -108,10 +108,8 @@ def draft_topk(hidden: torch.Tensor, shard: HeadShard, k: int, tp_group: Any = N
             return lp, ids
         pad_lp = torch.full((n, k - kk), float("-inf"), dtype=lp.dtype, device=lp.device)
         return torch.cat([lp, pad_lp], 1), torch.cat([ids, torch.zeros_like(ids[:, : k - kk])], 1)
-    logits = logits.float()
     kk = min(k, int(logits.shape[-1]))
-    local_lse = torch.logsumexp(logits, dim=-1)
-    vals, idx = torch.topk(logits, kk, dim=-1)
+    vals, idx, local_lse = rt.topk_logits_lse(logits, kk, sub_lse=False)  # one pass: raw logits + shard lse
     gids = id_map[idx] if id_map is not None else idx + shard.org_start
     g_vals = torch.empty((tp * n * kk,), dtype=torch.float32, device=hidden.device)
     g_ids = torch.empty((tp * n * kk,), dtype=torch.int64, device=hidden.device)

@@ -1,0 +1,206 @@
+"""``tune``: measure a host's real server and fit the budget schedule DDTree runs there.
+
+What is measured (``hostbench``: the host's own server, restarted per config under the host lock, put back after):
+plain decoding, the DFlash chain and DDTree at each candidate budget, at each batch size in use. Each gives the
+round cost (milliseconds per verify round, per decode step for plain) and tokens per round. The DDTree runs also
+give the drafter's per-depth, per-rank acceptance (``spec_accept_stats`` in the server's ``internal_states``:
+how often the target's token at draft position d was the drafter's rank-r candidate, given the path reached d).
+
+What is fitted: the runtime's own cost model (``patches/ddtree/runtime/schedule.py``, the same file the overlay
+vendors): ``fit_schedule(accept_profile, round_ms, chain_tokens_per_round, batch_sizes, budgets)`` picks per batch
+size the budget with the most tokens per millisecond, the chain (0) where the chain is as good. The schedule goes
+into the host file's ``server.ddtree_flags`` (``--speculative-ddtree-budget 1:64,8:32,...``) with the file's other
+content and comments kept; ``--dry-run`` shows the change and writes nothing; ``--apply`` restarts the server with it
+under the host lock and puts the old flags back if it does not come up.
+"""
+from __future__ import annotations
+
+import importlib.util
+import posixpath
+import sys
+from types import ModuleType
+from typing import Any
+
+from . import paths
+from .errors import InputError, OperationFailed
+from .hostbench import Measurement, chain, ddtree, measuring, plain
+from .hostfile import plan_budget_edit, write_host_file
+from .inventory import Host
+from .probe import RUNTIME_SUBDIR, ddtree_summary, expected_sglang_dir
+from .spec_flags import budget_of, with_budget
+from .transaction import Progress, quiet
+from .transport import HostConnection
+
+DEFAULT_BUDGETS = (16, 32, 64)
+MAX_DEFAULT_BATCH = 32
+
+
+def schedule_module() -> ModuleType:
+    """The runtime's ``schedule.py`` (stdlib only), loaded by path from the patch sets this tool ships."""
+    name = "ddtree_deploy_runtime_schedule"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = paths.patches_root() / "ddtree" / "runtime" / "schedule.py"
+    if not path.is_file():
+        raise InputError(f"{path}: the DDTree runtime's cost model is missing from the patch sets")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # before exec: it holds a dataclass
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def parse_budgets(text: str | None) -> list[int]:
+    """``--budgets 16,32,64``: the tree budgets to measure and choose among (the chain is always measured)."""
+    if text is None:
+        return list(DEFAULT_BUDGETS)
+    sched = schedule_module()
+    try:
+        budgets = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"--budgets {text!r}: expected comma-separated integers such as 16,32,64") from None
+    bad = [b for b in budgets if not 1 <= b <= sched.MAX_BUDGET]
+    if not budgets or bad:
+        raise InputError(f"--budgets {text!r}: budgets must lie in [1, {sched.MAX_BUDGET}]")
+    return budgets
+
+
+def default_batch_sizes(info: dict[str, Any]) -> list[int]:
+    """The batch sizes in use on the server: SGLang's captured CUDA-graph sizes when it reports them, else powers of
+    two up to its ``max_running_requests``; at most MAX_DEFAULT_BATCH."""
+    graphs = info.get("cuda_graph_bs")
+    top = int(info.get("max_running_requests") or 8)
+    if isinstance(graphs, list) and graphs:
+        pool = sorted({int(b) for b in graphs if 1 <= int(b) <= min(top, MAX_DEFAULT_BATCH)})
+        picks = [b for b in pool if b & (b - 1) == 0] or pool
+        return picks[:6]
+    sizes, b = [], 1
+    while b <= min(top, MAX_DEFAULT_BATCH):
+        sizes.append(b)
+        b *= 2
+    return sizes
+
+
+def check_schedule_support(conn: HostConnection, host: Host, release: str | None) -> None:
+    """The active release's DDTree runtime must take a schedule (it vendors ``schedule.py``); else the host's patch
+    set cannot run what tune would write."""
+    path = posixpath.join(expected_sglang_dir(host, release), RUNTIME_SUBDIR, "schedule.py")
+    if not conn.run(f"test -f '{path}'", check=False).ok:
+        raise InputError(f"host {host.name}: release {release} cannot take a budget schedule (its DDTree runtime has "
+                         f"no schedule.py: {path}); tune writes one", hint="apply a patch set with batch-size schedules "
+                         "first (ddtree-deploy apply)")
+
+
+def accept_profile(stats: dict[str, Any] | None, depths: int) -> list[list[float]]:
+    """Per-depth, per-rank acceptance from the server's counters: hits[d][r] / reached[d] (0 where unreached)."""
+    if not stats or not stats.get("depth_reached"):
+        raise OperationFailed("the server reports no per-depth acceptance (internal_states[0].spec_accept_stats); "
+                              "tune needs a patch set (or engine) that counts it")
+    reached, hits = stats["depth_reached"], stats["rank_hits"]
+    prof = []
+    for d in range(min(depths, len(reached))):
+        n = int(reached[d])
+        prof.append([round(int(h) / n, 4) if n else 0.0 for h in hits[d]])
+    return prof
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def fit(ms: list[Measurement], budgets: list[int], batch_sizes: list[int], stats: dict[str, Any] | None,
+        depths: int, margin: float) -> dict[str, Any]:
+    """The schedule from the measurements: per (budget, batch) round ms, the chain's tokens per round, the profile."""
+    sched = schedule_module()
+    by = {(m.config, m.batch): m for m in ms}
+    round_ms = {(0, bs): by[("chain", bs)].round_ms for bs in batch_sizes}
+    round_ms.update({(b, bs): by[(f"ddtree-{b}", bs)].round_ms for b in budgets for bs in batch_sizes})
+    chain_tokens = _mean([by[("chain", bs)].accept_length or 1.0 for bs in batch_sizes])
+    profile = accept_profile(stats, depths)
+    schedule = sched.fit_schedule(profile, round_ms, chain_tokens, batch_sizes, budgets, margin=margin)
+    predicted = {b: round(sched.expected_tokens_per_round(b, profile), 3) for b in budgets}
+    table = []
+    for bs in batch_sizes:
+        chosen = schedule.budget_for(bs)
+        row: dict[str, Any] = {"batch": bs, "plain_tok_s": by[("plain", bs)].tok_s, "chain_tok_s": by[("chain", bs)].tok_s}
+        for b in budgets:
+            row[f"b{b}_tok_s"] = by[(f"ddtree-{b}", bs)].tok_s
+        row["chosen_budget"] = chosen
+        row["schedule_tok_s"] = by[("chain" if chosen == 0 else f"ddtree-{chosen}", bs)].tok_s
+        table.append(row)
+    return {"schedule": str(schedule), "accept_profile": profile, "chain_tokens_per_round": round(chain_tokens, 3),
+            "model_tokens_per_round": predicted,
+            "measured_tokens_per_round": {b: round(_mean([by[(f"ddtree-{b}", bs)].accept_length or 1.0
+                                                          for bs in batch_sizes]), 3) for b in budgets},
+            "round_ms": [{"budget": b, "batch": bs, "ms": v} for (b, bs), v in sorted(round_ms.items())],
+            "table": table}
+
+
+def tune(host: Host, prompts: list[str], *, batch_sizes: list[int] | None, budgets: list[int], max_new_tokens: int,
+         margin: float = 0.02, dry_run: bool = False, apply: bool = False, progress: Progress = quiet) -> dict[str, Any]:
+    """Measure, fit, and write the schedule into the host file (not with ``dry_run``); ``apply`` restarts the
+    server with it through the host lock. Returns everything measured and decided."""
+    if dry_run and apply:
+        raise InputError("--dry-run and --apply contradict each other (a dry run writes nothing)")
+    flags = str(host.server.get("ddtree_flags") or "")
+    depths = int(host.server.get("draft_depths") or 15)
+    ms: list[Measurement] = []
+    stats = None
+    plan_budget_edit(host, "1:16,8:0")  # a host file tune cannot edit is refused before anything is measured
+    with measuring(host, "ddtree-deploy tune", progress) as s:
+        check_schedule_support(s.run.conn, host, s.active)
+        sizes = batch_sizes or default_batch_sizes(s.before)
+        block = s.before.get("speculative_num_draft_tokens") or s.before.get("speculative_block_size")
+        depths = int(block) - 1 if block else depths
+        if s.before.get("max_running_requests") and max(sizes) > int(s.before["max_running_requests"]):
+            raise InputError(f"--batch-sizes {','.join(map(str, sizes))}: the server runs at most "
+                             f"{s.before['max_running_requests']} requests at once (max_running_requests)")
+        progress(f"{host.name}: measuring plain, chain and DDTree {', '.join(map(str, budgets))} at batch "
+                 f"{', '.join(map(str, sizes))} ({len(prompts)} prompts, {max_new_tokens} tokens each)")
+        running = str(ddtree_summary(s.before, None, None).get("budget"))
+        order = sorted(budgets, key=lambda b: (str(b) != running, -b))  # the running budget first: no restart
+        if str(order[0]) == running:
+            s.serving = ddtree(host, running).name
+        for b in order:
+            for bs in sizes:
+                ms.append(s.measure(ddtree(host, str(b)), bs, prompts, max_new_tokens))
+            if b == max(budgets):  # the widest budget's counters: every rank it could draft
+                stats = ms[-1].accept_stats
+        for cfg in (chain(host), plain()):
+            for bs in sizes:
+                ms.append(s.measure(cfg, bs, prompts, max_new_tokens))
+    result = fit(ms, budgets, sizes, stats, depths, margin)
+    result.update(host=host.name, release=s.active, batch_sizes=sizes, budgets=budgets, prompts=len(prompts),
+                  max_new_tokens=max_new_tokens, margin=margin, restored=s.restored,
+                  measurements=[m.to_dict() for m in ms], old_flags=flags, host_file=host.source)
+    old_budget = budget_of(flags)
+    if old_budget is not None and str(schedule_module().parse_schedule(old_budget)) == result["schedule"]:
+        result.update(new_flags=flags, diff="", written=False, unchanged=True)
+        return result
+    old_text, new_text, diff = plan_budget_edit(host, result["schedule"])
+    result.update(diff=diff, written=False, unchanged=False, new_flags=with_budget(flags, result["schedule"]))
+    if dry_run:
+        return result
+    new_host = write_host_file(host, new_text)
+    result["written"] = True
+    if apply:
+        result["applied"] = restart_with(new_host, host, old_text, progress)
+    return result
+
+
+def restart_with(new_host: Host, old_host: Host, old_text: str, progress: Progress) -> dict[str, Any]:
+    """Restart the server with the new flags under the host lock (``server restart``); if it does not come up,
+    write the old host file back, restart as before, and fail."""
+    from .hostops import server_action
+
+    res = server_action(new_host, "restart", progress=progress)
+    if (res.get("startup") or {}).get("status") != "fail":
+        return {"restarted": True, "startup": res.get("startup")}
+    write_host_file(old_host, old_text)
+    progress(f"{new_host.name}: the server did not start with the new schedule; put the old host file back")
+    server_action(old_host, "restart", progress=progress)
+    raise OperationFailed(f"host {new_host.name}: the server did not come up with the new schedule "
+                          f"({res['startup'].get('detail')}); the host file and the server are back as they were")
+
+
+__all__ = ["DEFAULT_BUDGETS", "accept_profile", "default_batch_sizes", "fit", "parse_budgets", "schedule_module", "tune"]
