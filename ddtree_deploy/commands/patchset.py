@@ -1,6 +1,6 @@
 """``ddtree-deploy patchset …``: list, show, check, diff, and the developer workflow (dev, refresh).
 
-Thin: resolve the patch set and the base, call patch_apply / patch_dev, print a table or JSON, exit with the
+Thin: resolve the patch set and the base, call patchset.apply / patchset.dev, print a table or JSON, exit with the
 error's code (2 bad patch set, 5 does not apply).
 """
 
@@ -15,9 +15,9 @@ from rich.markup import escape
 
 from ..console import emit_json, err, out, table
 from ..errors import DeployError, InputError, PatchDoesNotApply
-from ..patch_apply import apply_patchset, render_diff
-from ..patch_base import BaseSource, open_base
-from ..patchset_format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
+from ..patchset.apply import apply_patchset, render_diff
+from ..patchset.base import BaseSource, open_base
+from ..patchset.format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
 from ._options import JsonOpt
 
 app = typer.Typer(
@@ -187,7 +187,7 @@ def build_cmd(
 ) -> None:
     """Write the overlay the series makes on this base into a directory, laid out like site-packages (with an
     overlay.json naming its digest and files). Nothing on any host changes."""
-    from ..patch_build import write_overlay
+    from ..patchset.build import write_overlay
 
     src = open_base(snapshot=snapshot, base=base)
     ps = _resolve(name, src, root, allow_base_drift)
@@ -217,7 +217,7 @@ def dev_cmd(
 ) -> None:
     """Make a git work tree to edit the series: the whole base package as the first commit (tag ddtree-base), then
     one commit per patch. Edit, commit (one commit per patch), then run `patchset refresh NAME DIR`."""
-    from ..patch_dev import make_dev_tree
+    from ..patchset.dev import make_dev_tree
 
     src = open_base(snapshot=snapshot, base=base)
     ps = _resolve(name, src, root, allow_base_drift)
@@ -245,7 +245,7 @@ def refresh_cmd(
     every base file they touch into patchset.yaml (its comments are kept). Refuses a dirty tree."""
     if diff and not dry_run:
         raise InputError("--diff goes with --dry-run")
-    from ..patch_dev import read_state, refresh_patchset
+    from ..patchset.dev import read_state, refresh_patchset
 
     if "/" not in name and not Path(name).exists():  # a bare name: the patch set the work tree was made from
         recorded = read_state(directory)

@@ -41,10 +41,10 @@ def unpack(wheel: Path, dest: Path, only: list[str] | None = None) -> None:
 def build_patched(wheel: Path, dest: Path) -> Path:
     """The whole base package with the 0.5.11 series applied and the runtime vendored, by the product's own
     patch-set code (what `ddtree-deploy patchset build --full` writes)."""
-    from ddtree_deploy.patch_apply import apply_patchset
-    from ddtree_deploy.patch_base import WheelBase
-    from ddtree_deploy.patch_build import write_overlay
-    from ddtree_deploy.patchset_format import load_patchset
+    from ddtree_deploy.patchset.apply import apply_patchset
+    from ddtree_deploy.patchset.base import WheelBase
+    from ddtree_deploy.patchset.build import write_overlay
+    from ddtree_deploy.patchset.format import load_patchset
 
     base = WheelBase(wheel)
     write_overlay(apply_patchset(load_patchset(PSET / "patchset.yaml"), base).overlay, base, dest, full=True)

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import OperationFailed, PatchDoesNotApply
-from .overlay import Overlay, OverlayFile
-from .patch_base import BaseSource, WheelBase, as_base_source
-from .patchset_format import MAX_FILE_BYTES, MODE_EXEC, FilePatch, Hunk, PatchFile, PatchSet, read_limited
+from ..errors import OperationFailed, PatchDoesNotApply
+from ..overlay import Overlay, OverlayFile
+from .base import BaseSource, WheelBase, as_base_source
+from .diff import MODE_EXEC, FilePatch, Hunk, PatchFile
+from .format import MAX_FILE_BYTES, PatchSet, read_limited
 
 Progress = Callable[[str], None]
 
@@ -202,7 +203,7 @@ def import_pristine_blobs(stage: Path, patchset: PatchSet, work: Path) -> str | 
     They come from the patch set's own base release (the cached wheel), with the series applied in order on top.
     Returns a note when they cannot be had; 3-way then only works where the target still has those blobs.
     """
-    from .wheels import fetch_wheel
+    from ..wheels import fetch_wheel
 
     try:
         pristine = WheelBase(fetch_wheel(patchset.base_package, patchset.base_version), package=patchset.base_package)
