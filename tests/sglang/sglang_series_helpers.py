@@ -51,6 +51,29 @@ def build_patched(wheel: Path, dest: Path) -> Path:
     return dest
 
 
+def apply_series(wheel: Path, *, upto: int | None = None, allow_base_drift: bool = False):
+    """The 0.5.11 series (or its first ``upto`` patches) applied to ``wheel`` by the product's apply engine
+    (all-or-nothing, fuzz 0): the ApplyResult, whose overlay holds every patched and vendored file."""
+    import dataclasses
+
+    from ddtree_deploy.patchset.apply import apply_patchset
+    from ddtree_deploy.patchset.base import WheelBase
+    from ddtree_deploy.patchset.format import load_patchset
+
+    ps = load_patchset(PSET / "patchset.yaml")
+    if upto is not None:
+        ps = dataclasses.replace(ps, patches=ps.patches[:upto])
+    return apply_patchset(ps, WheelBase(wheel), allow_base_drift=allow_base_drift)
+
+
+def unpack_prefix(wheel: Path, dest: Path, files: list[str], upto: int) -> None:
+    """``files`` of the base under ``dest``, with the first ``upto`` patches applied by the product over them."""
+    unpack(wheel, dest, only=files)
+    for f in apply_series(wheel, upto=upto).overlay.files:
+        (dest / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / f.path).write_bytes(f.content)
+
+
 def sha256(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
