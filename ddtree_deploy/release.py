@@ -9,32 +9,25 @@ installed package in which patched files *replace* their links, and the server s
 
 from __future__ import annotations
 
-import base64
 import getpass
 import io
-import json
 import os
 import posixpath
-import shlex
 import socket
 import tarfile
 import threading
 import time
 import uuid
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, TransportError, is_cut
+from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, is_cut
 from .inventory import Host
 from .overlay import Overlay
-from .remote import RESULT_MARKER, program_for
 from .transport import HostConnection, RemoteSession
 
 _CHUNK = 1 << 16
-#: The build request travels inside the overlay's tar stream (argv is too small for large overlays' metadata).
-REQUEST_NAME = ".ddtree-build-request.json"
 
 
 class LockHeld(OperationFailed):
@@ -120,10 +113,8 @@ def _tool_gone_here(holder: dict[str, Any]) -> bool:
             and holder.get("control_boot_id") == _boot_id() and isinstance(pid, int) and not _pid_alive(pid))
 
 
-def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK, extra: dict[str, bytes] | None = None) -> Iterator[bytes]:
-    """The overlay's files (and ``extra`` files at the top, e.g. the build request) as one uncompressed tar stream,
-    produced in chunks (small: the files are source). The extra files come last, so a cut stream never holds a
-    request without all the files it names."""
+def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK) -> Iterator[bytes]:
+    """The overlay's files as one uncompressed tar stream, produced in chunks (small: the files are source)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         now = int(time.time())
@@ -133,15 +124,21 @@ def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK, extra: dict[str, b
             info.mode = f.mode
             info.mtime = now
             tar.addfile(info, io.BytesIO(f.content))
-        for name, data in (extra or {}).items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o600
-            info.mtime = now
-            tar.addfile(info, io.BytesIO(data))
     data = buf.getvalue()
     for i in range(0, len(data), chunk):
         yield data[i:i + chunk]
+
+
+class _Counted:
+    """An iterable of chunks that counts the bytes taken from it (how much of a push went out)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks, self.sent = chunks, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.sent += len(chunk)
+            yield chunk
 
 
 @dataclass
@@ -368,9 +365,9 @@ class ReleaseManager:
              stream_filter: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None,
              release_id: str | None = None, base_hashes: dict[str, str] | None = None,
              allow_base_drift: bool = False) -> PushResult:
-        """Send the overlay in one tar stream into a staging dir and build ``releases/<id>`` from it, in ONE SSH
-        round trip: ``tar -x`` on the host, then (only if it succeeded) the remote ``build`` op, whose request
-        travels inside the same tar. The build never switches: it commits the release only while this run still
+        """Send the overlay in one tar stream into a staging dir and build ``releases/<id>`` from it, in ONE round
+        trip: the streamed form of ``HostConnection.call`` runs the remote ``receive`` op, which unpacks the stream
+        that follows its request and then (only if that succeeded) builds. The build never switches: it commits the release only while this run still
         holds the lock and its connection is alive. With ``switch`` a second round trip switches to it, as a
         probing switch when the lock is held (so the host undoes it if the run stops before its verdict).
 
@@ -396,59 +393,38 @@ class ReleaseManager:
             **(extra_meta or {}),
         }
         files = [{"path": f.path, "sha256": f.sha256, "mode": f.mode, "action": f.action} for f in overlay.files]
-        request = json.dumps({"op": "build", "args": {
-            "root": self.root, "site_packages": self.host.site_packages, "package": overlay.package, "release_id": rid,
-            "staging": staging, "files": files, "meta": meta, "keep": self.host.keep_releases,
-            "base_hashes": base_hashes, "allow_base_drift": allow_base_drift, "fence": self.fence,
-        }}).encode()
-        sent = [0]
-
-        def counted(source: Iterable[bytes]) -> Iterator[bytes]:
-            for c in source:
-                sent[0] += len(c)
-                yield c
-
-        chunks: Iterator[bytes] = overlay_tar_chunks(overlay, extra={REQUEST_NAME: request})
+        chunks: Iterator[bytes] = overlay_tar_chunks(overlay)
         if stream_filter is not None:
             chunks = stream_filter(chunks)
-        q = shlex.quote(staging)
-        boot = (
-            "import sys,zlib,base64;"
-            f"p=zlib.decompress(base64.b64decode('{base64.b64encode(zlib.compress(program_for('release'), 9)).decode()}'));"
-            f"exec(compile(p,'<ddtree-remote>','exec'),{{'__name__':'__ddtree_remote__','_PAYLOAD':open(sys.argv[1],'rb').read()}})"
-        )
-        cmd = (f"rm -rf {q} && mkdir -p {q} && tar -x -f - -C {q} --no-same-owner && "
-               f"exec {shlex.quote(self.host.python)} -c {shlex.quote(boot)} {shlex.quote(posixpath.join(staging, REQUEST_NAME))}")
-        # transport.send_stream is run(stdin=chunks) with check=True; we need the output of a failed build too
-        result = self.conn.run(cmd, stdin=counted(chunks), timeout=self.host.command_timeout, check=False)
-        text = result.text()
-        if RESULT_MARKER not in text:
-            err = (result.stderr.decode(errors="replace") or text).strip()[-1500:]
-            if result.exit_code == -1:  # the channel closed with no exit status: the connection was cut
-                raise TransportError(self.host.name, f"connection lost while pushing the overlay ({sent[0]} bytes sent)")
-            self._discard(staging)
-            if "No space left" in err:
-                raise PushFailed(f"host {self.host.name}: no space left on the release root {self.root} while "
-                                 "receiving the overlay; nothing was switched")
-            raise PushFailed(f"host {self.host.name}: receiving the overlay into {staging} failed "
-                             f"(exit {result.exit_code}: {err}); nothing was switched")
-        reply = json.loads(text.rsplit(RESULT_MARKER, 1)[1].strip().splitlines()[0])
-        if not reply.get("ok"):
-            if reply.get("kind") == "fenced":
-                raise Fenced(f"host {self.host.name}: {reply.get('error')}")
-            if reply.get("kind") == "drift":
-                raise BaseDrift(f"host {self.host.name}: refusing to build release {rid}: {reply.get('error')}\n"
-                                "  nothing was switched",
-                                hint="take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch "
-                                     "set is applied to what is installed now; --allow-base-drift pushes the old files "
-                                     "anyway (the host's changes to them are then not in the release)")
-            raise PushFailed(f"host {self.host.name}: building release {rid} failed: {reply.get('error')}")
-        res = reply["result"]
-        pushed = PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], sent[0],
+        counted = _Counted(chunks)
+        try:
+            res = self.conn.call(
+                "release", "receive", stream=counted, label=staging, timeout=self.host.command_timeout,
+                root=self.root, site_packages=self.host.site_packages, package=overlay.package, release_id=rid,
+                staging=staging, files=files, meta=meta, keep=self.host.keep_releases, base_hashes=base_hashes,
+                allow_base_drift=allow_base_drift, fence=self.fence)
+        except RemoteError as exc:
+            raise self._push_failure(exc, rid, staging) from exc
+        pushed = PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], counted.sent,
                             base_drift=list(res.get("base_drift") or []))
         if switch:
             pushed.switched = self.switch(rid, probing=self.lease is not None)
         return pushed
+
+    def _push_failure(self, exc: RemoteError, rid: str, staging: str) -> DeployError:
+        """What a failed push says: fenced, base drift, or the build's (or the receiving's) own words; nothing was
+        switched in any case."""
+        why = exc.message.split(": ", 2)[-1]
+        if exc.kind == "fenced":
+            return Fenced(f"host {self.host.name}: {why}")
+        if exc.kind == "drift":
+            return BaseDrift(f"host {self.host.name}: refusing to build release {rid}: {why}\n  nothing was switched",
+                             hint="take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch "
+                                  "set is applied to what is installed now; --allow-base-drift pushes the old files "
+                                  "anyway (the host's changes to them are then not in the release)")
+        if exc.kind == "crash":  # the program died before it could clean up after itself
+            self._discard(staging)
+        return PushFailed(f"host {self.host.name}: building release {rid} failed: {why}")
 
     def _discard(self, staging: str) -> None:
         try:

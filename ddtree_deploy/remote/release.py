@@ -32,6 +32,7 @@ import os
 import py_compile
 import shutil
 import stat
+import subprocess
 import time
 
 _server = _MODULES["server"]
@@ -237,6 +238,30 @@ def _clean_stale(root, keep):
             shutil.rmtree(os.path.join(rel, entry), ignore_errors=True)
 
 
+def receive(root, staging, **build_args):
+    """A push in one round trip (HostConnection.call with a stream): the overlay's tar stream, which follows the
+    request on our stdin, unpacked into ``staging``, then ``build`` from it. A stream that fails to unpack (cut,
+    a full disk) leaves no staging dir and builds nothing."""
+    _ensure_root(root)
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+        tar = subprocess.run(["tar", "-x", "-f", "-", "-C", staging, "--no-same-owner"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # stdin: ours, the rest of the stream
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _disk_failure(root, exc, "receiving the overlay") from None
+    if tar.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        err = tar.stderr.decode("utf-8", "replace").strip()[-1500:]
+        if "No space left" in err:
+            raise Failure("no space left on the release root %s while receiving the overlay (%.1f MB free); "
+                          "nothing was switched" % (root, _free_mb(root)), "disk")
+        raise Failure("receiving the overlay into %s failed (tar exit %d: %s); nothing was switched"
+                      % (staging, tar.returncode, err), "receive")
+    return build(root=root, staging=staging, **build_args)
+
+
 def discard_staging(path):
     shutil.rmtree(path, ignore_errors=True)
     return True
@@ -430,7 +455,7 @@ def package_manifest(site_packages, package):
 
 
 OPS = {
-    "hold": hold, "build": build, "discard_staging": discard_staging, "switch": switch, "roll_back": roll_back,
+    "hold": hold, "build": build, "receive": receive, "discard_staging": discard_staging, "switch": switch, "roll_back": roll_back,
     "reconcile": reconcile, "server_action": server_action, "mark": mark, "finish": finish, "journal": journal,
     "show": show, "read_release": read_release, "cleanup": cleanup, "package_manifest": package_manifest,
 }
