@@ -482,7 +482,7 @@ class ReleaseManager:
                           fence=self.fence)["removed"]
 
     def installed_manifest(self, package: str = "sglang") -> dict[str, Any]:
-        return self._call("package_manifest", site_packages=self.host.site_packages, package=package)
+        return self.conn.call("manifest", "package_manifest", site_packages=self.host.site_packages, package=package)
 
     def release_path(self, release_id: str | None) -> str:
         return posixpath.join(self.root, "releases", release_id) if release_id else posixpath.join(self.root, "base")

@@ -31,7 +31,6 @@ import errno
 import os
 import py_compile
 import shutil
-import stat
 import subprocess
 import time
 
@@ -190,7 +189,7 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
             "link_mode": mode[0], "dist_info": dist_infos, "purged_pycache": purged,
             "compiled_by": _sys.executable, "python": "%d.%d.%d" % _sys.version_info[:3], "base_drift": drift,
         })
-        _write_atomic(os.path.join(partial, "RELEASE.json"), (_json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+        _write_json(os.path.join(partial, "RELEASE.json"), record, indent=1)
         _fault_point(root, "build:linked")
         with _OpLock(root):  # the commit: only for a run that still holds the lock and is still connected
             if _control_lost():
@@ -339,7 +338,7 @@ def server_action(root, spec, action, release=None, ddtree=True, fence=None):
                 _save_state(root, state)
             elif not rec.get("server_touched"):
                 rec["server_touched"] = True
-                _write_atomic(_lock_path(root), (_json.dumps(rec, sort_keys=True) + "\n").encode())
+                _write_json(_lock_path(root), rec)
         _fault_point(root, "server:" + action)
         res = _server.control(root, spec, action, release, ddtree)
         if rec is not None:
@@ -440,22 +439,8 @@ def cleanup(root, keep, run_id=None, fence=None):
         return {"removed": _cleanup(root, keep, run_id)}
 
 
-def package_manifest(site_packages, package):
-    """sha256, size and mode of every file of the installed package: proves it is never modified."""
-    base = os.path.join(site_packages, package)
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            out[os.path.relpath(path, site_packages)] = [_sha256_file(path) if stat.S_ISREG(st.st_mode) else "link",
-                                                        st.st_size, st.st_mode, int(st.st_mtime)]
-    return out
-
-
 OPS = {
     "hold": hold, "build": build, "receive": receive, "discard_staging": discard_staging, "switch": switch, "roll_back": roll_back,
     "reconcile": reconcile, "server_action": server_action, "mark": mark, "finish": finish, "journal": journal,
-    "show": show, "read_release": read_release, "cleanup": cleanup, "package_manifest": package_manifest,
+    "show": show, "read_release": read_release, "cleanup": cleanup,
 }

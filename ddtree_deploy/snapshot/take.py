@@ -60,14 +60,14 @@ def take(store: SnapshotStore, host: Host, progress: Progress | None = None, *, 
     t0 = time.monotonic()
     try:
         if combined:
-            both = conn.call("facts", "snapshot", **args)
+            both = conn.call("manifest", "snapshot", **args)
             raw = both["manifest"]
             if both["facts"] is not None:
                 host_facts = facts_mod.finish(both["facts"], host.name)
             else:
                 facts_call = _Background(facts_mod.gather, host, conn, refresh=refresh, package=package)
         else:
-            raw = conn.call("facts", "manifest", **args)
+            raw = conn.call("manifest", "manifest", **args)
     except RemoteError as exc:
         if exc.kind == "missing":
             raise InputError(f"{host.source}: field 'site_packages': {exc}") from exc
@@ -155,7 +155,7 @@ def repair(store: SnapshotStore, snap: Snapshot, host: Host, progress: Progress 
     store.incoming.mkdir(parents=True, exist_ok=True)
     stats = SnapshotStats()
     with HostConnection(host) as conn:
-        probe = conn.call("facts", "manifest", site_packages=host.site_packages, package=snap.package,
+        probe = conn.call("manifest", "manifest", site_packages=host.site_packages, package=snap.package,
                           release_root=host.release_root)
         try:
             _fetch(store, conn, host, wanted, {p: snap.manifest[p]["size"] for p in wanted},
