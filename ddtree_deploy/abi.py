@@ -85,11 +85,6 @@ def _major_minor(text: str | None) -> tuple[int, int] | None:
         return None
 
 
-def _cap_number(cap: str) -> tuple[int, int] | None:
-    mm = _major_minor(cap)
-    return mm
-
-
 def _arch_entries(arch_list: Iterable[str]) -> list[tuple[str, int, int, str]]:
     """``sm_90a`` -> ("sm", 9, 0, "a"); ``compute_120`` -> ("compute", 12, 0, "")."""
     parsed = []
@@ -109,7 +104,7 @@ def arch_runs_on(arch_list: Iterable[str], cap: str) -> str | None:
     SASS for sm_XY runs on devices of the same major with minor >= Y (arch-specific ``a`` builds only on exactly
     X.Y); PTX (compute_XY) is JIT-compiled for any device of capability >= X.Y.
     """
-    dev = _cap_number(cap)
+    dev = _major_minor(cap)
     if dev is None:
         return None
     entries = _arch_entries(arch_list)

@@ -468,14 +468,8 @@ class ReleaseManager:
         return self._call("mark", root=self.root, release_id=release_id, status=status, run_id=self.run_id, note=note,
                           fence=self.fence)
 
-    def journal(self, event: str, **fields: Any) -> None:
-        self._call("journal", root=self.root, event=event, fields={"run": self.run_id, **fields})
-
     def show(self, journal_lines: int = 0) -> dict[str, Any]:
         return self._call("show", root=self.root, journal_lines=journal_lines)
-
-    def read_release(self, release_id: str) -> dict[str, Any]:
-        return self._call("read_release", root=self.root, release_id=release_id)
 
     def cleanup(self) -> list[str]:
         return self._call("cleanup", root=self.root, keep=self.host.keep_releases, run_id=self.run_id,
@@ -483,9 +477,6 @@ class ReleaseManager:
 
     def installed_manifest(self, package: str = "sglang") -> dict[str, Any]:
         return self.conn.call("manifest", "package_manifest", site_packages=self.host.site_packages, package=package)
-
-    def release_path(self, release_id: str | None) -> str:
-        return posixpath.join(self.root, "releases", release_id) if release_id else posixpath.join(self.root, "base")
 
 
 def describe_settlement(outcome: dict[str, Any]) -> str:

@@ -382,12 +382,6 @@ def finish(root, release_id, status, keep, run_id, event, fields, note="", fence
     return {"removed": removed}
 
 
-def journal(root, event, fields):
-    _ensure_root(root)
-    _journal(root, event, **fields)
-    return True
-
-
 def show(root, journal_lines=0):
     """State, the `current` link, the lock (and whether its holder lives) and (optionally) the journal tail."""
     state = _load_state(root)
@@ -403,11 +397,6 @@ def show(root, journal_lines=0):
             lines = []
     return {"root": root, "state": state, "current": _current_target(root), "lock": lock_info,
             "lock_state": _lock_state(lock_info), "boot_id": _boot_id(), "journal": lines, "root_exists": os.path.isdir(root)}
-
-
-def read_release(root, release_id):
-    with open(os.path.join(root, "releases", release_id, "RELEASE.json")) as fh:
-        return _json.load(fh)
 
 
 def _cleanup(root, keep, run_id=None):
@@ -440,7 +429,7 @@ def cleanup(root, keep, run_id=None, fence=None):
 
 
 OPS = {
-    "hold": hold, "build": build, "receive": receive, "discard_staging": discard_staging, "switch": switch, "roll_back": roll_back,
-    "reconcile": reconcile, "server_action": server_action, "mark": mark, "finish": finish, "journal": journal,
-    "show": show, "read_release": read_release, "cleanup": cleanup,
+    "hold": hold, "receive": receive, "discard_staging": discard_staging, "switch": switch, "roll_back": roll_back,
+    "reconcile": reconcile, "server_action": server_action, "mark": mark, "finish": finish,
+    "show": show, "cleanup": cleanup,
 }
