@@ -31,7 +31,8 @@ from . import dryrun
 from .errors import AbiIncompatible, DeployError, EXIT_FAILED, InputError, OperationFailed, is_cut
 from .inventory import Host
 from .overlay import Overlay
-from .probe import ProbeResult, Stage, describe_ddtree
+from .ddtree_stats import describe_ddtree
+from .probe import ProbeResult, Stage
 from .release import PushResult, rollback_target
 from .server import require_server, server_spec
 from .transaction import ApplyReport, Progress, Run, quiet, run_on_host

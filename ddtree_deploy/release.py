@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import getpass
 import io
-import os
 import posixpath
 import socket
 import tarfile
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -25,7 +23,8 @@ from typing import Any, Callable, Iterable, Iterator
 from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, is_cut
 from .inventory import Host
 from .overlay import Overlay
-from .transport import HostConnection, RemoteSession
+from .lease import Lease, describe_holder, owner_record, tool_gone_here
+from .transport import HostConnection
 
 _CHUNK = 1 << 16
 
@@ -42,11 +41,6 @@ class BaseDrift(PushFailed):
     """The installed package changed since the snapshot the overlay was built from; nothing was switched."""
 
 
-#: How long the host waits for a heartbeat before it gives a run up and rolls it back on its own.
-LEASE_TIMEOUT = float(os.environ.get("DDTREE_LEASE_TIMEOUT", "30"))
-HEARTBEAT = 2.0
-
-
 def new_run_id() -> str:
     """Names one deploy/rollback run in locks, journals and RELEASE.json."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
@@ -55,62 +49,6 @@ def new_run_id() -> str:
 def release_id_for(overlay: Overlay) -> str:
     """``<UTC timestamp>-<overlay digest[:8]>``: sortable, and says which payload it holds."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + overlay.digest[:8]
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def owner_record(run_id: str, command: str) -> dict[str, Any]:
-    """Who holds a lock: enough for a person to find the run, and for us to tell a dead one."""
-    return {
-        "run_id": run_id,
-        "user": getpass.getuser(),
-        "control_host": socket.gethostname(),
-        "control_pid": os.getpid(),
-        "control_boot_id": _boot_id(),
-        "command": command,
-    }
-
-
-def describe_holder(holder: dict[str, Any], host_rebooted: bool) -> tuple[str, str | None]:
-    """A sentence naming the lock's owner, and why it is stale (None when the owner may still be running)."""
-    who = (f"run {holder.get('run_id')} by {holder.get('user')}@{holder.get('control_host')} "
-           f"(pid {holder.get('control_pid')}, since {holder.get('taken')}, `{holder.get('command')}`)")
-    if holder.get("unreadable"):
-        return "an unreadable lock file", "the lock file cannot be parsed"
-    if host_rebooted:
-        return who, "the host has rebooted since the lock was taken"
-    if holder.get("holder_pid"):
-        return who, None  # the host checked its holder process: it lives, so the run may still act
-    same_machine = holder.get("control_host") == socket.gethostname() and holder.get("control_boot_id") == _boot_id()
-    pid = holder.get("control_pid")
-    if same_machine and isinstance(pid, int) and not _pid_alive(pid):
-        return who, f"pid {pid} no longer runs on {holder.get('control_host')}"
-    if holder.get("control_host") == socket.gethostname() and holder.get("control_boot_id") != _boot_id():
-        return who, f"{holder.get('control_host')} has rebooted since the lock was taken"
-    return who, None
-
-
-def _tool_gone_here(holder: dict[str, Any]) -> bool:
-    """The lock's run was started on this machine (this boot) and its process no longer runs."""
-    pid = holder.get("control_pid")
-    return (bool(holder.get("holder_pid")) and holder.get("control_host") == socket.gethostname()
-            and holder.get("control_boot_id") == _boot_id() and isinstance(pid, int) and not _pid_alive(pid))
 
 
 def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK) -> Iterator[bytes]:
@@ -150,84 +88,6 @@ class PushResult:
     bytes_sent: int
     switched: dict[str, Any] | None = None
     base_drift: list[str] = field(default_factory=list)
-
-
-class Lease:
-    """The host lock of one run, held by a guardian process on the host (remote ``release.hold``) on a channel of
-    the run's own SSH connection, with a heartbeat from here every few seconds.
-
-    When the control side goes away while it is held (Ctrl-C, kill -9, a cut connection, a suspended laptop), the
-    guardian sees it (end of input, its sshd gone, or no heartbeat for LEASE_TIMEOUT s) and settles the run on the
-    host itself: a release switched in but not yet probed is switched out again, the server restarted on the last
-    good release, and only then is the lock released. So the lock never outlives its run silently, and nothing
-    unprobed stays active behind it.
-    """
-
-    def __init__(self, conn: HostConnection, owner: dict[str, Any], guard: dict[str, Any] | None) -> None:
-        self.conn, self.owner, self.guard = conn, owner, guard
-        self.session: RemoteSession | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def open(self, root: str, break_lock: bool) -> dict[str, Any]:
-        self.session = self.conn.session("release", "hold", root=root, owner=self.owner, break_lock=break_lock,
-                                         guard=self.guard, lease_timeout=LEASE_TIMEOUT)
-        got = self.session.reply(timeout=max(60.0, self.conn.host.connect_timeout * 6))
-        if not got.get("acquired"):
-            self.session.close()
-            self.session = None
-            return got
-        self._thread = threading.Thread(target=self._beat, daemon=True, name="ddtree-lease")
-        self._thread.start()
-        _OPEN_LEASES.add(self)
-        return got
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT):
-            if self.session is None or not self.session.send("hb"):
-                return
-
-    def _end(self, line: str, timeout: float) -> dict[str, Any] | None:
-        self._stop.set()
-        _OPEN_LEASES.discard(self)
-        session, self.session = self.session, None
-        if session is None:
-            return None
-        try:
-            if not session.send(line):
-                return None
-            return session.reply(timeout=timeout)
-        except (DeployError, KeyboardInterrupt):  # a second Ctrl-C: the host goes on settling without us
-            return None
-        finally:
-            session.close()
-
-    def release(self) -> dict[str, Any] | None:
-        """End of the run: the guardian releases the lock (or, if a switch is still pending, settles it first)."""
-        return self._end("release", timeout=self.settle_budget())
-
-    def abandon(self, why: str) -> dict[str, Any] | None:
-        """Give the run up: the guardian settles it on the host; returns what it did (None if we lost it)."""
-        return self._end("abandon " + why.replace("\n", " ")[:300], timeout=self.settle_budget())
-
-    def settle_budget(self) -> float:
-        g = self.guard or {}
-        return 60.0 + float(g.get("stop_timeout", 20.0)) + float(g.get("startup_timeout", 0.0))
-
-
-_OPEN_LEASES: set[Lease] = set()
-
-
-def abandon_all(why: str) -> int:
-    """Hand every run this process holds to its host (Ctrl-C during a fleet apply: each host settles its own run).
-    Returns how many runs were handed over."""
-    leases = list(_OPEN_LEASES)
-    threads = [threading.Thread(target=lease.abandon, args=(why,), daemon=True) for lease in leases]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return len(leases)
 
 
 class ReleaseManager:
@@ -271,7 +131,7 @@ class ReleaseManager:
             holder = res.get("holder") or {}
             # the host is settling a vanished run, or is about to (the run's tool ran here and is gone: its guardian
             # gives it up at the end of its input or its next missed heartbeat)
-            busy = res.get("settling") or res.get("lock_state") == "busy" or _tool_gone_here(holder)
+            busy = res.get("settling") or res.get("lock_state") == "busy" or tool_gone_here(holder)
             if busy and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue

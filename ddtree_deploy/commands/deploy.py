@@ -21,7 +21,8 @@ from ..dryrun import summary_lines
 from ..errors import EXIT_FAILED, EXIT_USAGE, InputError
 from ..fleet import read_retry_file, rollout, write_retry_file
 from ..inventory import Host, resolve_host
-from ..probe import ProbeResult, describe_ddtree
+from ..ddtree_stats import describe_ddtree
+from ..probe import ProbeResult
 from . import hosts as hosts_cmd
 from ._writes import interruptible as _interruptible
 from ._writes import progress as _progress
