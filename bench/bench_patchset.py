@@ -25,7 +25,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from ddtree_deploy.errors import PatchDoesNotApply  # noqa: E402
-from ddtree_deploy.patch_dev import make_dev_tree, refresh_patchset  # noqa: E402
+from ddtree_deploy.patchset.dev import make_dev_tree, refresh_patchset  # noqa: E402
 from ddtree_deploy.patchset import WheelBase, apply_patchset, build_overlay, load_patchset, render_diff  # noqa: E402
 from ddtree_deploy.wheels import fetch_wheel  # noqa: E402
 

@@ -33,7 +33,7 @@ app = typer.Typer(
 )
 
 #: Modules under ddtree_deploy/commands/ that add their commands to the app (each defines ``register(app)``).
-COMMAND_MODULES = ("hosts", "snapshot", "abi", "patchset", "deploy", "tune", "sandbox")
+COMMAND_MODULES = ("hosts", "snapshot", "abi", "patchset", "deploy", "server", "tune", "sandbox")
 VERBOSE_FLAGS = ("-v", "-vv", "-vvv", "--verbose")
 
 

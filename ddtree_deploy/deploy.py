@@ -26,11 +26,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import baseline as baseline_mod
 from . import dryrun
 from .errors import AbiIncompatible, DeployError, EXIT_FAILED, InputError, OperationFailed, is_cut
 from .inventory import Host
 from .overlay import Overlay
-from .probe import ProbeResult, Stage, describe_ddtree
+from .ddtree_stats import describe_ddtree
+from .probe import ProbeResult, Stage
 from .release import PushResult, rollback_target
 from .server import require_server, server_spec
 from .transaction import ApplyReport, Progress, Run, quiet, run_on_host
@@ -66,7 +68,7 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
             progress(f"{host.name}: no generation baseline yet: recording one with DDTree off")
             t = time.monotonic()
             mgr.stage = "baseline"
-            prober.record_baseline(ddtree=False)
+            baseline_mod.record_baseline(prober, run.ctl, ddtree=False)
             timings["baseline"] = time.monotonic() - t
         progress(f"{host.name}: pushing {len(overlay.files)} overlay files")
         t = time.monotonic()
@@ -82,24 +84,23 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
                              push={"release": pushed.release_id, "seconds": round(pushed.seconds, 3),
                                    "link_mode": pushed.link_mode, "files": pushed.files, "bytes": pushed.bytes_sent},
                              timings=timings, details=details)
-        restarted = [False]
-
-        def restart() -> None:
-            progress(f"{host.name}: restarting the server on {pushed.release_id}")
-            mgr.stage = "restart"
-            run.ctl.restart(release=pushed.release_id, ddtree=True)
-            restarted[0] = True
-            mgr.stage = "probe"
-
         t = time.monotonic()
         mgr.stage = "probe"
+        restarted = False  # whether the server ran (or may have run) the new release: the rollback then restarts it
         try:
-            probe = prober.run(pushed.release_id, restart=restart, label="probe")
+            checked = prober.check_release(pushed.release_id)
+            if all(s.status != "fail" for s in checked):
+                progress(f"{host.name}: restarting the server on {pushed.release_id}")
+                mgr.stage = "restart"
+                restarted = True
+                run.ctl.restart(release=pushed.release_id, ddtree=True)
+                mgr.stage = "probe"
+            probe = prober.check_serving(pushed.release_id, checked, label="probe")
         except DeployError as exc:  # e.g. the restart itself failed: still a failed probe, still rolled back
             if is_cut(exc):
                 raise  # the connection is gone or the host gave the run up: the host settles it (release.Lease)
             probe = ProbeResult(host.name, pushed.release_id, [Stage("probe", "fail", time.monotonic() - t, str(exc))])
-            restarted[0] = True
+            restarted = True
         timings["probe"] = time.monotonic() - t
         report.probe = probe
         if probe.ok:
@@ -113,7 +114,7 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
         why = f"probe stage {stage.name} failed: {stage.detail}" if stage else "probe failed"
         progress(f"{host.name}: {why}; rolling back")
         t = time.monotonic()
-        _roll_back(run, report, failed=pushed.release_id, why=why, server_ran_failed=restarted[0])
+        _roll_back(run, report, failed=pushed.release_id, why=why, server_ran_failed=restarted)
         timings["rollback"] = time.monotonic() - t
         return report
 

@@ -63,10 +63,6 @@ def get(facts: dict[str, Any], dotted: str, default: Any = None) -> Any:
     return node
 
 
-def package_version(facts: dict[str, Any], name: str) -> str | None:
-    return get(facts, f"packages.{name}.version")
-
-
 def kernel_package(facts: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The installed SGLang kernel distribution: ``sglang-kernel`` (new name) or ``sgl-kernel`` (old name)."""
     for name in ("sglang-kernel", "sgl-kernel"):

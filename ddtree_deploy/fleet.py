@@ -82,7 +82,7 @@ def rollout(hosts: list[Host], action: Callable[[Host], ApplyReport], *, max_par
     try:
         return _rest(hosts, rest, reports, action, max_parallel, max_fail, progress, t0)
     except KeyboardInterrupt:
-        from .release import abandon_all
+        from .lease import abandon_all
 
         handed = abandon_all("interrupted (Ctrl-C during a fleet apply)")
         progress(f"interrupted: {handed} host(s) in the middle of a run were handed to their hosts, which roll back "

@@ -10,7 +10,8 @@ from typing import Any
 
 from .errors import EXIT_FAILED, InputError
 from .inventory import Host
-from .probe import Prober, ProbeResult, baseline_path
+from .baseline import baseline_path, record_baseline
+from .probe import Prober, ProbeResult
 from .release import ReleaseManager, rollback_target
 from .server import ServerControl, require_server, server_spec
 from .transaction import ApplyReport, Progress, quiet, run_on_host
@@ -101,7 +102,7 @@ def probe(host: Host, *, record: bool = False, record_with_ddtree: bool = False,
     if record:
         with run_on_host(host, "ddtree-deploy probe --record-baseline", progress=progress) as run:
             run.mgr.stage = "baseline"
-            baseline = run.prober.record_baseline(ddtree=record_with_ddtree)
+            baseline = record_baseline(run.prober, run.ctl, ddtree=record_with_ddtree)
             active = run.mgr.show()["state"]["active"]
             run.mgr.stage = "probe"
             return run.prober.run(active), baseline
@@ -150,7 +151,7 @@ def server_action(host: Host, action: str, *, dry_run: bool = False, wait: bool 
             stage = run.prober.startup(active)
             res["startup"] = {"status": stage.status, "detail": stage.detail, "seconds": round(stage.seconds, 3)}
             if stage.status == "fail":
-                res["log_tail"] = stage.log_tail or run.prober._log_tail()
+                res["log_tail"] = stage.log_tail or run.prober.log_tail()
         return res
 
 

@@ -8,7 +8,6 @@ site-packages (``sglang/srt/...``), always inside the package, never absolute an
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -60,9 +59,6 @@ class Overlay:
             "base_version": self.base_version, "base_snapshot": self.base_snapshot, "digest": self.digest,
             "files": self.manifest(), "notes": list(self.notes),
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.describe(), indent=1)
 
 
 def check_relative_path(path: str, package: str, *, what: str) -> None:

@@ -16,9 +16,8 @@ After the stages the result carries what the user sees of DDTree (``ProbeResult.
 schedule), the acceptance length (the probe's replies and the server's own ``avg_spec_accept_length``) and tok/s
 (the probe's replies and the server's ``last_gen_throughput``), read from SGLang's ``/get_server_info``.
 
-Baselines live on the host, in ``<release_root>/probe-baseline.json``: they describe that host's model and
-server, they survive a change of control machine, and every deploy to the host compares against the same file.
-Record one with ``ddtree-deploy probe HOST --record-baseline`` (DDTree off by default, the lossless reference).
+``check_release`` runs the stages that need no server (1, 2), ``check_serving`` the ones that do (3, 4): the deploy
+restarts the server between them. Baselines (what generation compares against) are recorded by ``baseline``.
 """
 
 from __future__ import annotations
@@ -28,7 +27,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .errors import ConnectionCut, DeployError, OperationFailed, RemoteError, TransportError, is_cut
+from .baseline import baseline_path
+from .ddtree_stats import ddtree_summary
+from .errors import ConnectionCut, DeployError, RemoteError, TransportError, is_cut
 from .inventory import Host
 from .server import ServerControl, base_url, become_prefix, managed_paths, server_kind, server_spec
 from .transport import HostConnection
@@ -72,10 +73,6 @@ class ProbeResult:
                 "stages": [asdict(s) for s in self.stages], "ddtree": self.ddtree}
 
 
-def baseline_path(host: Host) -> str:
-    return posixpath.join(host.release_root, "probe-baseline.json")
-
-
 def expected_sglang_dir(host: Host, release: str | None) -> str:
     if release is None:
         return posixpath.join(host.site_packages, "sglang")
@@ -105,74 +102,13 @@ def guard_spec(host: Host) -> dict[str, Any] | None:
             "startup_timeout": float(cfg.get("startup_timeout", 600.0)), "stall": float(cfg.get("startup_stall_timeout", 300.0))}
 
 
-def _first_state(info: dict[str, Any]) -> dict[str, Any]:
-    states = info.get("internal_states")
-    return states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-
-
-def ddtree_summary(info: dict[str, Any] | None, after: dict[str, Any] | None, replies: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """What the user sees of DDTree on a running server: algorithm, budget (or schedule), acceptance length and
-    tok/s, from SGLang's /get_server_info (server arguments at the top, counters in ``internal_states``) before and
-    after the probe's prompts, and from the probe's own replies."""
-    info = info or {}
-    after = after or {}
-    state = _first_state(after) or _first_state(info)
-
-    def pick(*keys: str) -> Any:
-        for src in (state, after, info):
-            for k in keys:
-                if src.get(k) is not None:
-                    return src[k]
-        return None
-
-    out: dict[str, Any] = {
-        "algorithm": pick("speculative_algorithm"),
-        "budget": pick("speculative_ddtree_budget"),
-        "schedule": pick("speculative_ddtree_budget_schedule", "speculative_ddtree_schedule"),
-        "draft_tokens": pick("speculative_num_draft_tokens", "speculative_block_size"),
-        "server_accept_length": pick("avg_spec_accept_length"),
-        "server_tok_s": pick("last_gen_throughput"),
-    }
-    replies = replies or []
-    accept = [r["spec_accept_length"] for r in replies if isinstance(r.get("spec_accept_length"), (int, float))]
-    out["accept_length"] = round(sum(accept) / len(accept), 3) if accept else None
-    tokens = sum(len(r.get("output_ids") or []) or int(r.get("completion_tokens") or 0) for r in replies)
-    secs = sum(float(r.get("seconds") or 0.0) for r in replies)
-    out["tok_s"] = round(tokens / secs, 1) if tokens and secs > 0 else None
-    for key in ("server_accept_length", "server_tok_s"):
-        if isinstance(out[key], float):
-            out[key] = round(out[key], 3 if key == "server_accept_length" else 1)
-    return {k: v for k, v in out.items() if v is not None}
-
-
-def describe_ddtree(summary: dict[str, Any]) -> str:
-    """One line for people: "DDTree budget 16 · accept length 3.01 (server 3.02) · 412 tok/s (server 398)"."""
-    if not summary:
-        return ""
-    algo = summary.get("algorithm")
-    if not algo:
-        return "speculative decoding off (no DDTree flags on this server)"
-    parts = [f"{algo}" + (f" budget {summary['budget']}" if summary.get("budget") is not None else "")]
-    if summary.get("schedule"):
-        parts[0] += f" (schedule {summary['schedule']})"
-    if summary.get("accept_length") is not None or summary.get("server_accept_length") is not None:
-        a = summary.get("accept_length")
-        server = summary.get("server_accept_length")
-        parts.append(f"accept length {a if a is not None else '?'}" + (f" (server avg {server})" if server is not None else ""))
-    if summary.get("tok_s") is not None or summary.get("server_tok_s") is not None:
-        t = summary.get("tok_s")
-        server = summary.get("server_tok_s")
-        parts.append(f"{t if t is not None else '?'} tok/s" + (f" (server {server})" if server is not None else ""))
-    return " · ".join(parts)
-
-
 class Prober:
     """Runs the stages against one host over an open connection."""
 
     def __init__(self, conn: HostConnection, *, facts: dict[str, Any] | None = None,
                  progress: Callable[[str], None] | None = None, fence: str | None = None) -> None:
         self.conn = conn
-        self.fence = fence  # the run holding the host lock, for the server restarts of record_baseline
+        self.fence = fence  # the run holding the host lock (the log reads of a failed stage pass it on)
         self.host = conn.host
         self.facts = facts
         self.progress = progress or (lambda msg: None)
@@ -328,7 +264,7 @@ class Prober:
             return Stage("startup", "fail", time.monotonic() - t0,
                          f"{url} is answered by another process (pid {served_by}), not by the server we started "
                          f"(pid {got.get('pid')}): is an old server still holding port {self.host.server.get('port')}?",
-                         data, self._log_tail())
+                         data, self.log_tail())
         runtime_path = info.get("ddtree_runtime_path")
         data["server_runtime_path"] = runtime_path
         if runtime_path and release is not None:
@@ -397,62 +333,50 @@ class Prober:
         return Stage("generation", "pass", time.monotonic() - t0, f"{len(replies)} prompts match the baseline token for token{acc}", data)
 
     # -- all -----------------------------------------------------------------------------------------------------------
-    def run(self, release: str | None, *, restart: Callable[[], None] | None = None, label: str = "probe") -> ProbeResult:
-        """Stages in order, stopping at the first failure. ``restart`` (if given) runs between the checks that do
-        not need the server (overlay, selftest) and the ones that do, so a release that cannot load is refused
-        without a restart and a crash is timed from the real start."""
-        stages: list[Stage] = []
+    def check_release(self, release: str | None) -> list[Stage]:
+        """The stages that need no server (overlay, selftest), stopping at the first failure: a release that cannot
+        load is refused before any restart, while the old server keeps serving."""
+        return self._stages(STAGES[:2], release, [])
+
+    def check_serving(self, release: str | None, checked: list[Stage] | None = None, *,
+                      label: str = "probe") -> ProbeResult:
+        """The stages that need the server as it runs now (startup, generation), after ``checked`` (the stages of
+        :meth:`check_release`; when one of them failed these are not run). A caller that restarts the server between
+        the two has its crash clock start at the real start."""
         self._prefetch, self._generation = True, None
-        for name in STAGES:
-            if any(s.status == "fail" for s in stages):
-                stages.append(Stage(name, "not-run", 0.0, "an earlier stage failed"))
-                continue
-            if name == "startup" and restart is not None:
-                restart()
-            self.progress(f"{self.host.name}: probe stage {name}")
-            stage = self.generation() if name == "generation" else getattr(self, name)(release)
-            stage.seconds = round(stage.seconds, 3)
-            stages.append(stage)
-            if stage.status == "fail" and not stage.log_tail and name in ("startup", "generation"):
-                stage.log_tail = self._log_tail()
-        self._prefetch, self._generation = False, None
+        try:
+            stages = self._stages(STAGES[2:], release, list(checked or []))
+        finally:
+            self._prefetch, self._generation = False, None
         result = ProbeResult(self.host.name, release, stages, label)
         if self._info is not None:
             result.ddtree = ddtree_summary(self._info, self._info_after, self._replies)
         self._info = self._info_after = self._replies = None
         return result
 
-    def _log_tail(self, lines: int = 40) -> str:
+    def run(self, release: str | None, *, label: str = "probe") -> ProbeResult:
+        """Every stage in order against the server as it runs, stopping at the first failure."""
+        return self.check_serving(release, self.check_release(release), label=label)
+
+    def _stages(self, names: tuple[str, ...], release: str | None, stages: list[Stage]) -> list[Stage]:
+        for name in names:
+            if any(s.status == "fail" for s in stages):
+                stages.append(Stage(name, "not-run", 0.0, "an earlier stage failed"))
+                continue
+            self.progress(f"{self.host.name}: probe stage {name}")
+            stage = self.generation() if name == "generation" else getattr(self, name)(release)
+            stage.seconds = round(stage.seconds, 3)
+            stages.append(stage)
+            if stage.status == "fail" and not stage.log_tail and name in ("startup", "generation"):
+                stage.log_tail = self.log_tail()
+        return stages
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The server log's last lines, for a failed stage (empty when they cannot be read)."""
         try:
             return ServerControl(self.conn, self.fence).logs(lines)["text"]
         except DeployError:
             return ""
-
-    def record_baseline(self, *, ddtree: bool = False) -> dict[str, Any]:
-        """Restart the server (DDTree off unless ``ddtree``), generate the fixed prompts, store the replies on the host,
-        then restart it as configured. The tokens of a non-speculative greedy run are the lossless reference."""
-        prompts = list(self.cfg.get("prompts") or [])
-        if not prompts:
-            raise OperationFailed(f"{self.host.source}: probe.prompts is empty; nothing to record")
-        ctl = ServerControl(self.conn, self.fence)
-        state = self.conn.call("release", "show", root=self.host.release_root)
-        active = state["state"]["active"]
-        ctl.restart(release=active, ddtree=ddtree)
-        try:
-            start = self.startup(active if ddtree else None)
-            if start.status != "pass":
-                raise OperationFailed(f"host {self.host.name}: cannot record a baseline: {start.detail}\n{start.log_tail}")
-            replies = self.generate()
-        finally:
-            ctl.restart(release=active, ddtree=active is not None)
-        doc = {"recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": self.host.name, "ddtree": ddtree,
-               "release": active, "prompts": prompts, "max_new_tokens": int(self.cfg.get("max_new_tokens", 32)),
-               "outputs": [{"prompt": r["prompt"], "output_ids": r.get("output_ids"), "text": r.get("text")} for r in replies]}
-        self.conn.call("probe", "write_json", timeout=30, path=baseline_path(self.host), data=doc)
-        return doc
-
-    def has_baseline(self) -> bool:
-        return self.conn.call("probe", "read_json", timeout=30, path=baseline_path(self.host)) is not None
 
 
 def _snip(seq: Any, idx: int, width: int = 4) -> str:

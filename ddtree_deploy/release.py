@@ -9,32 +9,24 @@ installed package in which patched files *replace* their links, and the server s
 
 from __future__ import annotations
 
-import base64
 import getpass
 import io
-import json
-import os
 import posixpath
-import shlex
 import socket
 import tarfile
-import threading
 import time
 import uuid
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, TransportError, is_cut
+from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, is_cut
 from .inventory import Host
 from .overlay import Overlay
-from .remote import RESULT_MARKER, program_for
-from .transport import HostConnection, RemoteSession
+from .lease import Lease, describe_holder, owner_record, tool_gone_here
+from .transport import HostConnection
 
 _CHUNK = 1 << 16
-#: The build request travels inside the overlay's tar stream (argv is too small for large overlays' metadata).
-REQUEST_NAME = ".ddtree-build-request.json"
 
 
 class LockHeld(OperationFailed):
@@ -49,11 +41,6 @@ class BaseDrift(PushFailed):
     """The installed package changed since the snapshot the overlay was built from; nothing was switched."""
 
 
-#: How long the host waits for a heartbeat before it gives a run up and rolls it back on its own.
-LEASE_TIMEOUT = float(os.environ.get("DDTREE_LEASE_TIMEOUT", "30"))
-HEARTBEAT = 2.0
-
-
 def new_run_id() -> str:
     """Names one deploy/rollback run in locks, journals and RELEASE.json."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
@@ -64,66 +51,8 @@ def release_id_for(overlay: Overlay) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + overlay.digest[:8]
 
 
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def owner_record(run_id: str, command: str) -> dict[str, Any]:
-    """Who holds a lock: enough for a person to find the run, and for us to tell a dead one."""
-    return {
-        "run_id": run_id,
-        "user": getpass.getuser(),
-        "control_host": socket.gethostname(),
-        "control_pid": os.getpid(),
-        "control_boot_id": _boot_id(),
-        "command": command,
-    }
-
-
-def describe_holder(holder: dict[str, Any], host_rebooted: bool) -> tuple[str, str | None]:
-    """A sentence naming the lock's owner, and why it is stale (None when the owner may still be running)."""
-    who = (f"run {holder.get('run_id')} by {holder.get('user')}@{holder.get('control_host')} "
-           f"(pid {holder.get('control_pid')}, since {holder.get('taken')}, `{holder.get('command')}`)")
-    if holder.get("unreadable"):
-        return "an unreadable lock file", "the lock file cannot be parsed"
-    if host_rebooted:
-        return who, "the host has rebooted since the lock was taken"
-    if holder.get("holder_pid"):
-        return who, None  # the host checked its holder process: it lives, so the run may still act
-    same_machine = holder.get("control_host") == socket.gethostname() and holder.get("control_boot_id") == _boot_id()
-    pid = holder.get("control_pid")
-    if same_machine and isinstance(pid, int) and not _pid_alive(pid):
-        return who, f"pid {pid} no longer runs on {holder.get('control_host')}"
-    if holder.get("control_host") == socket.gethostname() and holder.get("control_boot_id") != _boot_id():
-        return who, f"{holder.get('control_host')} has rebooted since the lock was taken"
-    return who, None
-
-
-def _tool_gone_here(holder: dict[str, Any]) -> bool:
-    """The lock's run was started on this machine (this boot) and its process no longer runs."""
-    pid = holder.get("control_pid")
-    return (bool(holder.get("holder_pid")) and holder.get("control_host") == socket.gethostname()
-            and holder.get("control_boot_id") == _boot_id() and isinstance(pid, int) and not _pid_alive(pid))
-
-
-def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK, extra: dict[str, bytes] | None = None) -> Iterator[bytes]:
-    """The overlay's files (and ``extra`` files at the top, e.g. the build request) as one uncompressed tar stream,
-    produced in chunks (small: the files are source). The extra files come last, so a cut stream never holds a
-    request without all the files it names."""
+def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK) -> Iterator[bytes]:
+    """The overlay's files as one uncompressed tar stream, produced in chunks (small: the files are source)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         now = int(time.time())
@@ -133,15 +62,21 @@ def overlay_tar_chunks(overlay: Overlay, chunk: int = _CHUNK, extra: dict[str, b
             info.mode = f.mode
             info.mtime = now
             tar.addfile(info, io.BytesIO(f.content))
-        for name, data in (extra or {}).items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o600
-            info.mtime = now
-            tar.addfile(info, io.BytesIO(data))
     data = buf.getvalue()
     for i in range(0, len(data), chunk):
         yield data[i:i + chunk]
+
+
+class _Counted:
+    """An iterable of chunks that counts the bytes taken from it (how much of a push went out)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks, self.sent = chunks, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.sent += len(chunk)
+            yield chunk
 
 
 @dataclass
@@ -153,84 +88,6 @@ class PushResult:
     bytes_sent: int
     switched: dict[str, Any] | None = None
     base_drift: list[str] = field(default_factory=list)
-
-
-class Lease:
-    """The host lock of one run, held by a guardian process on the host (remote ``release.hold``) on a channel of
-    the run's own SSH connection, with a heartbeat from here every few seconds.
-
-    When the control side goes away while it is held (Ctrl-C, kill -9, a cut connection, a suspended laptop), the
-    guardian sees it (end of input, its sshd gone, or no heartbeat for LEASE_TIMEOUT s) and settles the run on the
-    host itself: a release switched in but not yet probed is switched out again, the server restarted on the last
-    good release, and only then is the lock released. So the lock never outlives its run silently, and nothing
-    unprobed stays active behind it.
-    """
-
-    def __init__(self, conn: HostConnection, owner: dict[str, Any], guard: dict[str, Any] | None) -> None:
-        self.conn, self.owner, self.guard = conn, owner, guard
-        self.session: RemoteSession | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def open(self, root: str, break_lock: bool) -> dict[str, Any]:
-        self.session = self.conn.session("release", "hold", root=root, owner=self.owner, break_lock=break_lock,
-                                         guard=self.guard, lease_timeout=LEASE_TIMEOUT)
-        got = self.session.reply(timeout=max(60.0, self.conn.host.connect_timeout * 6))
-        if not got.get("acquired"):
-            self.session.close()
-            self.session = None
-            return got
-        self._thread = threading.Thread(target=self._beat, daemon=True, name="ddtree-lease")
-        self._thread.start()
-        _OPEN_LEASES.add(self)
-        return got
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT):
-            if self.session is None or not self.session.send("hb"):
-                return
-
-    def _end(self, line: str, timeout: float) -> dict[str, Any] | None:
-        self._stop.set()
-        _OPEN_LEASES.discard(self)
-        session, self.session = self.session, None
-        if session is None:
-            return None
-        try:
-            if not session.send(line):
-                return None
-            return session.reply(timeout=timeout)
-        except (DeployError, KeyboardInterrupt):  # a second Ctrl-C: the host goes on settling without us
-            return None
-        finally:
-            session.close()
-
-    def release(self) -> dict[str, Any] | None:
-        """End of the run: the guardian releases the lock (or, if a switch is still pending, settles it first)."""
-        return self._end("release", timeout=self.settle_budget())
-
-    def abandon(self, why: str) -> dict[str, Any] | None:
-        """Give the run up: the guardian settles it on the host; returns what it did (None if we lost it)."""
-        return self._end("abandon " + why.replace("\n", " ")[:300], timeout=self.settle_budget())
-
-    def settle_budget(self) -> float:
-        g = self.guard or {}
-        return 60.0 + float(g.get("stop_timeout", 20.0)) + float(g.get("startup_timeout", 0.0))
-
-
-_OPEN_LEASES: set[Lease] = set()
-
-
-def abandon_all(why: str) -> int:
-    """Hand every run this process holds to its host (Ctrl-C during a fleet apply: each host settles its own run).
-    Returns how many runs were handed over."""
-    leases = list(_OPEN_LEASES)
-    threads = [threading.Thread(target=lease.abandon, args=(why,), daemon=True) for lease in leases]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return len(leases)
 
 
 class ReleaseManager:
@@ -274,7 +131,7 @@ class ReleaseManager:
             holder = res.get("holder") or {}
             # the host is settling a vanished run, or is about to (the run's tool ran here and is gone: its guardian
             # gives it up at the end of its input or its next missed heartbeat)
-            busy = res.get("settling") or res.get("lock_state") == "busy" or _tool_gone_here(holder)
+            busy = res.get("settling") or res.get("lock_state") == "busy" or tool_gone_here(holder)
             if busy and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
@@ -368,9 +225,9 @@ class ReleaseManager:
              stream_filter: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None,
              release_id: str | None = None, base_hashes: dict[str, str] | None = None,
              allow_base_drift: bool = False) -> PushResult:
-        """Send the overlay in one tar stream into a staging dir and build ``releases/<id>`` from it, in ONE SSH
-        round trip: ``tar -x`` on the host, then (only if it succeeded) the remote ``build`` op, whose request
-        travels inside the same tar. The build never switches: it commits the release only while this run still
+        """Send the overlay in one tar stream into a staging dir and build ``releases/<id>`` from it, in ONE round
+        trip: the streamed form of ``HostConnection.call`` runs the remote ``receive`` op, which unpacks the stream
+        that follows its request and then (only if that succeeded) builds. The build never switches: it commits the release only while this run still
         holds the lock and its connection is alive. With ``switch`` a second round trip switches to it, as a
         probing switch when the lock is held (so the host undoes it if the run stops before its verdict).
 
@@ -396,59 +253,38 @@ class ReleaseManager:
             **(extra_meta or {}),
         }
         files = [{"path": f.path, "sha256": f.sha256, "mode": f.mode, "action": f.action} for f in overlay.files]
-        request = json.dumps({"op": "build", "args": {
-            "root": self.root, "site_packages": self.host.site_packages, "package": overlay.package, "release_id": rid,
-            "staging": staging, "files": files, "meta": meta, "keep": self.host.keep_releases,
-            "base_hashes": base_hashes, "allow_base_drift": allow_base_drift, "fence": self.fence,
-        }}).encode()
-        sent = [0]
-
-        def counted(source: Iterable[bytes]) -> Iterator[bytes]:
-            for c in source:
-                sent[0] += len(c)
-                yield c
-
-        chunks: Iterator[bytes] = overlay_tar_chunks(overlay, extra={REQUEST_NAME: request})
+        chunks: Iterator[bytes] = overlay_tar_chunks(overlay)
         if stream_filter is not None:
             chunks = stream_filter(chunks)
-        q = shlex.quote(staging)
-        boot = (
-            "import sys,zlib,base64;"
-            f"p=zlib.decompress(base64.b64decode('{base64.b64encode(zlib.compress(program_for('release'), 9)).decode()}'));"
-            f"exec(compile(p,'<ddtree-remote>','exec'),{{'__name__':'__ddtree_remote__','_PAYLOAD':open(sys.argv[1],'rb').read()}})"
-        )
-        cmd = (f"rm -rf {q} && mkdir -p {q} && tar -x -f - -C {q} --no-same-owner && "
-               f"exec {shlex.quote(self.host.python)} -c {shlex.quote(boot)} {shlex.quote(posixpath.join(staging, REQUEST_NAME))}")
-        # transport.send_stream is run(stdin=chunks) with check=True; we need the output of a failed build too
-        result = self.conn.run(cmd, stdin=counted(chunks), timeout=self.host.command_timeout, check=False)
-        text = result.text()
-        if RESULT_MARKER not in text:
-            err = (result.stderr.decode(errors="replace") or text).strip()[-1500:]
-            if result.exit_code == -1:  # the channel closed with no exit status: the connection was cut
-                raise TransportError(self.host.name, f"connection lost while pushing the overlay ({sent[0]} bytes sent)")
-            self._discard(staging)
-            if "No space left" in err:
-                raise PushFailed(f"host {self.host.name}: no space left on the release root {self.root} while "
-                                 "receiving the overlay; nothing was switched")
-            raise PushFailed(f"host {self.host.name}: receiving the overlay into {staging} failed "
-                             f"(exit {result.exit_code}: {err}); nothing was switched")
-        reply = json.loads(text.rsplit(RESULT_MARKER, 1)[1].strip().splitlines()[0])
-        if not reply.get("ok"):
-            if reply.get("kind") == "fenced":
-                raise Fenced(f"host {self.host.name}: {reply.get('error')}")
-            if reply.get("kind") == "drift":
-                raise BaseDrift(f"host {self.host.name}: refusing to build release {rid}: {reply.get('error')}\n"
-                                "  nothing was switched",
-                                hint="take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch "
-                                     "set is applied to what is installed now; --allow-base-drift pushes the old files "
-                                     "anyway (the host's changes to them are then not in the release)")
-            raise PushFailed(f"host {self.host.name}: building release {rid} failed: {reply.get('error')}")
-        res = reply["result"]
-        pushed = PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], sent[0],
+        counted = _Counted(chunks)
+        try:
+            res = self.conn.call(
+                "release", "receive", stream=counted, label=staging, timeout=self.host.command_timeout,
+                root=self.root, site_packages=self.host.site_packages, package=overlay.package, release_id=rid,
+                staging=staging, files=files, meta=meta, keep=self.host.keep_releases, base_hashes=base_hashes,
+                allow_base_drift=allow_base_drift, fence=self.fence)
+        except RemoteError as exc:
+            raise self._push_failure(exc, rid, staging) from exc
+        pushed = PushResult(rid, time.monotonic() - start, res["link_mode"], res["files"], counted.sent,
                             base_drift=list(res.get("base_drift") or []))
         if switch:
             pushed.switched = self.switch(rid, probing=self.lease is not None)
         return pushed
+
+    def _push_failure(self, exc: RemoteError, rid: str, staging: str) -> DeployError:
+        """What a failed push says: fenced, base drift, or the build's (or the receiving's) own words; nothing was
+        switched in any case."""
+        why = exc.message.split(": ", 2)[-1]
+        if exc.kind == "fenced":
+            return Fenced(f"host {self.host.name}: {why}")
+        if exc.kind == "drift":
+            return BaseDrift(f"host {self.host.name}: refusing to build release {rid}: {why}\n  nothing was switched",
+                             hint="take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch "
+                                  "set is applied to what is installed now; --allow-base-drift pushes the old files "
+                                  "anyway (the host's changes to them are then not in the release)")
+        if exc.kind == "crash":  # the program died before it could clean up after itself
+            self._discard(staging)
+        return PushFailed(f"host {self.host.name}: building release {rid} failed: {why}")
 
     def _discard(self, staging: str) -> None:
         try:
@@ -492,24 +328,15 @@ class ReleaseManager:
         return self._call("mark", root=self.root, release_id=release_id, status=status, run_id=self.run_id, note=note,
                           fence=self.fence)
 
-    def journal(self, event: str, **fields: Any) -> None:
-        self._call("journal", root=self.root, event=event, fields={"run": self.run_id, **fields})
-
     def show(self, journal_lines: int = 0) -> dict[str, Any]:
         return self._call("show", root=self.root, journal_lines=journal_lines)
-
-    def read_release(self, release_id: str) -> dict[str, Any]:
-        return self._call("read_release", root=self.root, release_id=release_id)
 
     def cleanup(self) -> list[str]:
         return self._call("cleanup", root=self.root, keep=self.host.keep_releases, run_id=self.run_id,
                           fence=self.fence)["removed"]
 
     def installed_manifest(self, package: str = "sglang") -> dict[str, Any]:
-        return self._call("package_manifest", site_packages=self.host.site_packages, package=package)
-
-    def release_path(self, release_id: str | None) -> str:
-        return posixpath.join(self.root, "releases", release_id) if release_id else posixpath.join(self.root, "base")
+        return self.conn.call("manifest", "package_manifest", site_packages=self.host.site_packages, package=package)
 
 
 def describe_settlement(outcome: dict[str, Any]) -> str:

@@ -18,27 +18,19 @@ import logging
 import shlex
 import threading
 import time
-import zlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, Iterator
 
 from .errors import RemoteError, TransportError
 from .inventory import Host
-from .remote import RESULT_MARKER, SESSION_BOOT, program_for
+from .remote import BOOT, RESULT_MARKER, framed_request
 
 log = logging.getLogger("ddtree_deploy.transport")
 #: Bytes read from a command's output at a time.
 CHUNK = 1 << 16
 #: Seconds between polls of a session channel.
 _POLL = 0.002
-
-#: The line run by the host's Python: read the compressed program and its JSON arguments from stdin, run it.
-BOOT = (
-    "import sys,json,zlib,base64;d=sys.stdin.buffer.read();n=int.from_bytes(d[:8],'big');"
-    "exec(compile(zlib.decompress(d[8:8+n]),'<ddtree-remote>','exec'),{'__name__':'__ddtree_remote__','_PAYLOAD':d[8+n:]})"
-)
-
 
 @dataclass
 class RunResult:
@@ -112,14 +104,34 @@ class HostConnection:
         return result
 
     # -- the remote helper -------------------------------------------------------------------------------------------
-    def call(self, module: str, op: str, *, timeout: float | None = None, python: str | None = None, **args: Any) -> Any:
-        """One round trip: run ``op`` of ``ddtree_deploy/remote/<module>.py`` under the host's Python, get JSON back."""
-        payload = json.dumps({"op": op, "args": args}).encode()
-        blob = zlib.compress(program_for(module), 6)
-        data = len(blob).to_bytes(8, "big") + blob + payload
-        interpreter = python or self.host.python
-        result = self.run(f"{shlex.quote(interpreter)} -c {shlex.quote(BOOT)}", stdin=data, timeout=timeout, check=False)
+    def call(self, module: str, op: str, *, timeout: float | None = None, python: str | None = None,
+             stream: Iterable[bytes] | None = None, label: str | None = None, **args: Any) -> Any:
+        """One round trip: run ``op`` of ``ddtree_deploy/remote/<module>.py`` under the host's Python, get JSON back.
+
+        The streamed form: ``stream`` (e.g. an overlay's tar) follows the request on the program's stdin, for an op
+        that reads it itself (release ``receive``), so a payload and the op that consumes it are one round trip.
+        ``label`` goes on the host's command line, so the host can find the process by what it works on (the
+        guardian stops what is left of a cut push by its staging path). A stream cut before the op answered is a
+        TransportError saying how much was sent.
+        """
+        head = framed_request(module, op, args)
+        command = f"{shlex.quote(python or self.host.python)} -c {shlex.quote(BOOT)}"
+        if label is not None:
+            command += " " + shlex.quote(label)
+        sent = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal sent
+            yield head
+            for chunk in stream or ():
+                sent += len(chunk)
+                yield chunk
+
+        result = self.run(command, stdin=head if stream is None else counted(), timeout=timeout, check=False)
         log.debug("%s: %s.%s exit %s in %.2f s", self.host.name, module, op, result.exit_code, result.seconds)
+        if stream is not None and result.exit_code == -1 and RESULT_MARKER not in result.text():
+            raise TransportError(self.host.name, f"connection lost while streaming into remote {module}.{op} "
+                                 f"({sent} bytes sent)")
         return parse_reply(self.host.name, f"{module}.{op}", result)
 
     def session(self, module: str, op: str, **args: Any) -> "RemoteSession":
@@ -129,11 +141,9 @@ class HostConnection:
         end of its input is the channel closing, whether we close it or the connection dies (the host's deploy lock
         is held this way: see ``release.Lease``).
         """
-        program = zlib.compress(program_for(module), 6)
-        payload = json.dumps({"op": op, "args": args}).encode()
-        chan = self._session_channel(f"exec {shlex.quote(self.host.python)} -c {shlex.quote(SESSION_BOOT)}")
+        chan = self._session_channel(f"exec {shlex.quote(self.host.python)} -c {shlex.quote(BOOT)}")
         try:
-            chan.sendall(len(program).to_bytes(8, "big") + program + len(payload).to_bytes(8, "big") + payload)
+            chan.sendall(framed_request(module, op, args))
         except (OSError, EOFError) as exc:
             chan.close()
             raise TransportError(self.host.name, f"cannot start remote {module}.{op}: {exc}") from exc

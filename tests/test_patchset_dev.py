@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.errors import EXIT_PATCH, EXIT_USAGE, InputError
-from ddtree_deploy.patch_dev import BASE_TAG, make_dev_tree, refresh_patchset
+from ddtree_deploy.patchset.dev import BASE_TAG, make_dev_tree, refresh_patchset
 from ddtree_deploy.patchset import SeriesDoesNotApply, WheelBase, build_overlay, load_patchset
 from ddtree_deploy.wheels import fetch_wheel
 

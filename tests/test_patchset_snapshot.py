@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.errors import InputError
-from ddtree_deploy.patch_dev import make_dev_tree
+from ddtree_deploy.patchset.dev import make_dev_tree
 from ddtree_deploy.patchset import SnapshotBase, WheelBase, build_overlay, load_patchset, render_diff
 from ddtree_deploy.snapshot import SnapshotStore
 from ddtree_deploy.wheels import fetch_wheel

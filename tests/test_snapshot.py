@@ -320,7 +320,7 @@ def test_tar_reader_agrees_with_tarfile_on_real_tar_output(tmp_path, fmt) -> Non
     """The receiver's small tar reader against GNU tar's formats: long names, odd sizes, empty files."""
     import tarfile
 
-    from ddtree_deploy.snapshot import _tar_entries
+    from ddtree_deploy.snapshot.receiver import tar_entries
 
     root = tmp_path / "src"
     deep = root / ("d" * 60) / ("e" * 60)  # names past ustar's 100 bytes (prefix field or long-name records)
@@ -333,11 +333,11 @@ def test_tar_reader_agrees_with_tarfile_on_real_tar_output(tmp_path, fmt) -> Non
     with tarfile.open(archive) as tf:
         expected = {m.name: tf.extractfile(m).read() for m in tf if m.isfile()}
     with open(archive, "rb") as fh:
-        got = {name: data for name, flag, data in _tar_entries(fh) if flag in (b"0", b"\0")}
+        got = {name: data for name, flag, data in tar_entries(fh) if flag in (b"0", b"\0")}
     assert got == expected and len(got) == 3
     truncated = archive.read_bytes()[:2000]
     with pytest.raises(EOFError):
-        list(_tar_entries(__import__("io").BytesIO(truncated)))
+        list(tar_entries(__import__("io").BytesIO(truncated)))
 
 
 def test_compressed_transfer_progress_has_a_total_and_reaches_it(sandbox, tmp_path) -> None:

@@ -23,4 +23,9 @@ STORE_HELP = ("snapshot store directory (default: $DDTREE_SNAPSHOTS, the checkou
 InventoryOpt = typer.Option(None, "--inventory", "-i", help=INVENTORY_HELP)
 StoreOpt = typer.Option(None, "--store", help=STORE_HELP)
 JsonOpt = typer.Option(False, "--json", help="print JSON instead of tables (errors too)")
+AllHostsOpt = typer.Option(False, "--all", help="every host of the inventory")
+DryRunOpt = typer.Option(False, "--dry-run", help="say what would change (summary first); touch nothing")
+BreakLockOpt = typer.Option(False, "--break-lock", help="take the host lock even if another run holds it")
+PatchesOpt = typer.Option(None, "--patches", help="patch-set root (default: $DDTREE_PATCHES, the checkout's patches/, "
+                       "else the patch sets installed with ddtree-deploy)")
 HostArg = typer.Argument(..., metavar="HOST", help="host name (or the path of its YAML file)", autocompletion=complete_host)

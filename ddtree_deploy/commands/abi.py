@@ -22,7 +22,7 @@ from ..errors import EXIT_ABI, EXIT_UNREACHABLE, EXIT_USAGE, DeployError, InputE
 from ..facts import gather
 from ..snapshot import SnapshotStore
 from . import hosts as hosts_cmd
-from ._options import InventoryOpt, StoreOpt, complete_host
+from ._options import AllHostsOpt, InventoryOpt, StoreOpt, complete_host
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
 
@@ -60,7 +60,7 @@ def parse_requirements(items: list[str]) -> dict[str, str]:
 def abi_command(
     names: list[str] = typer.Argument(None, help="hosts to compare (their latest snapshots unless --live)",
                                       autocompletion=complete_host),
-    all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
+    all_hosts: bool = AllHostsOpt,
     live: bool = typer.Option(False, "--live", help="read facts from the hosts now (one SSH round trip each)"),
     facts_files: list[Path] = typer.Option(None, "--facts", help="a recorded facts JSON file to include as a host (repeatable)"),
     require: list[str] = typer.Option(None, "--require", help="patch-set requirement to check, e.g. 'torch>=2.11,<2.12' (repeatable)"),

@@ -1,4 +1,4 @@
-"""CLI: ``apply``, ``probe``, ``rollback``, ``releases`` and ``server start|stop|restart|status|logs``.
+"""CLI: ``apply``, ``probe``, ``rollback`` and ``releases`` (the server commands: ``commands/server.py``).
 
 Every command that changes a host takes the host lock and has ``--dry-run`` (a summary of what it would do; the
 full overlay diff only with ``--diff``). Ctrl-C or SIGTERM during one is not a silent exit: the host settles the
@@ -7,10 +7,8 @@ run (anything switched in but not probed is rolled back) and the command says so
 
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -20,38 +18,16 @@ from ..console import emit_json, err, out, table
 from ..deploy import ApplyReport
 from .. import paths
 from ..dryrun import summary_lines
-from ..errors import EXIT_FAILED, EXIT_USAGE, Interrupted, InputError
+from ..errors import EXIT_FAILED, EXIT_USAGE, InputError
 from ..fleet import read_retry_file, rollout, write_retry_file
 from ..inventory import Host, resolve_host
-from ..probe import ProbeResult, describe_ddtree
-from ..server import ServerControl
-from ..transport import HostConnection
+from ..ddtree_stats import describe_ddtree
+from ..probe import ProbeResult
 from . import hosts as hosts_cmd
-from ._options import HostArg, InventoryOpt, JsonOpt, complete_host
+from ._writes import interruptible as _interruptible
+from ._writes import progress as _progress
+from ._options import AllHostsOpt, BreakLockOpt, DryRunOpt, HostArg, InventoryOpt, JsonOpt, complete_host
 
-DryRunOpt = typer.Option(False, "--dry-run", help="say what would change (summary first); touch nothing")
-BreakLockOpt = typer.Option(False, "--break-lock", help="take the host lock even if another run holds it")
-
-
-def _progress(message: str) -> None:
-    err.print(f"[dim]{message}[/dim]" if "[" not in message else message)
-
-
-@contextmanager
-def _interruptible() -> Iterator[None]:
-    """SIGTERM and SIGHUP count as Ctrl-C for the write commands: the run is handed to the host, which settles it,
-    and the command exits 130 saying what the host did. Outside a run there is nothing to settle."""
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted before anything on the host changed; nothing to undo") from None
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 # -- rendering -----------------------------------------------------------------------------------------------------------
@@ -139,7 +115,7 @@ def _select_hosts(names: list[str] | None, all_hosts: bool, retry_failed: bool, 
 def apply_cmd(
     hosts: list[str] = typer.Option(None, "--host", "-H", help="host to deploy to (repeat for several; the first is the canary)",
                                     autocompletion=complete_host),
-    all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
+    all_hosts: bool = AllHostsOpt,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="the hosts listed in the retry file of the last apply"),
     retry_file: Optional[Path] = typer.Option(None, "--retry-file", help="where failed hosts are written / read (default: "
                                               "ddtree-deploy.retry in the checkout, else ~/.local/state/ddtree-deploy/last-apply.retry)"),
@@ -325,99 +301,8 @@ def journal_table(lines: list[dict[str, Any]], title: str) -> Any:
     return table(title, ["time", "event", "release", "run", "detail"], rows)
 
 
-# -- server ---------------------------------------------------------------------------------------------------------------
-server_app = typer.Typer(help="The SGLang server of a host, as its host file's `server` section says (managed process "
-                         "with PYTHONPATH=<release_root>/current, or a systemd unit with a drop-in). start, stop and "
-                         "restart take the host lock (they never interleave with an apply).", no_args_is_help=True)
-
-
-def _server_read(host: str, inventory: Path | None, fn: Any) -> Any:
-    h = resolve_host(host, inventory)
-    with HostConnection(h) as conn:
-        ctl = ServerControl(conn)
-        active = conn.call("release", "show", root=h.release_root)["state"]["active"]
-        return fn(ctl, active)
-
-
-def _server_write(host: str, inventory: Path | None, action: str, dry_run: bool, wait: bool, break_lock: bool,
-                  as_json: bool) -> None:
-    h = resolve_host(host, inventory)
-    with _interruptible():
-        res = hostops.server_action(h, action, dry_run=dry_run, wait=wait, break_lock=break_lock, progress=_progress)
-    failed = (res.get("startup") or {}).get("status") == "fail"
-    if as_json:
-        emit_json(res)
-    elif dry_run:
-        out.print(f"dry run: would {res['would']}; nothing was touched", highlight=False)
-    else:
-        if res.get("reconciled"):
-            err.print(f"[bold yellow]{h.name}: {res['reconciled']}[/bold yellow]", highlight=False)
-        what = {"start": "started", "stop": "stopped", "restart": "restarted"}[action]
-        started = res.get("started") or res
-        pid = started.get("pid") if isinstance(started, dict) else None
-        line = f"{h.name}: {what}" + (f" (pid {pid})" if pid else "") + f" on {res.get('active_release') or 'the installed package'}"
-        if res.get("startup"):
-            line += f"; start-up: {res['startup']['status']} — {res['startup']['detail']}"
-        out.print(f"[{'bold red' if failed else 'green'}]{line}[/]", highlight=False)
-        if failed and res.get("log_tail"):
-            out.print(res["log_tail"], markup=False, highlight=False)
-    raise typer.Exit(EXIT_FAILED if failed else 0)
-
-
-NoWaitOpt = typer.Option(False, "--no-wait", help="return once the process is started; do not wait for /health")
-
-
-@server_app.command("start")
-def server_start(host: str = HostArg, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
-                 break_lock: bool = BreakLockOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Start the server on the active release (DDTree flags on only when an overlay is active) and wait for /health.
-    Refused when another process (one the tool did not start) already holds the server port."""
-    _server_write(host, inventory, "start", dry_run, not no_wait, break_lock, as_json)
-
-
-@server_app.command("stop")
-def server_stop(host: str = HostArg, dry_run: bool = DryRunOpt, break_lock: bool = BreakLockOpt,
-                inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Stop the server (SIGTERM to its process group, SIGKILL after server.stop_timeout)."""
-    _server_write(host, inventory, "stop", dry_run, False, break_lock, as_json)
-
-
-@server_app.command("restart")
-def server_restart(host: str = HostArg, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
-                   break_lock: bool = BreakLockOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Stop, then start on the active release, and wait for /health."""
-    _server_write(host, inventory, "restart", dry_run, not no_wait, break_lock, as_json)
-
-
-@server_app.command("status")
-def server_status(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Whether the server runs, its pid, the release it was started on, its uptime; a server on the port that the
-    tool did not start is named."""
-    res = _server_read(host, inventory, lambda c, a: {**c.status(), "active_release": a})
-    if as_json:
-        emit_json(res)
-        return
-    out.print(table(f"{host}: server", ["field", "value"], [[k, v] for k, v in res.items() if k != "foreign" or v]))
-    if res.get("foreign"):
-        port = resolve_host(host, inventory).server.get("port")
-        err.print(f"[bold yellow]{host}: no server of ddtree-deploy runs, but port {port} is held by "
-                  f"{res['foreign']} (a server the tool did not start)[/bold yellow]", highlight=False)
-    if not res.get("running"):
-        raise typer.Exit(EXIT_FAILED)
-
-
-@server_app.command("logs")
-def server_logs(host: str = HostArg, lines: int = typer.Option(100, "--lines", "-n"),
-                previous: bool = typer.Option(False, "--previous", help="the log of the run before this one"),
-                inventory: Optional[Path] = InventoryOpt) -> None:
-    """The tail of the server log."""
-    res = _server_read(host, inventory, lambda c, a: c.logs(lines, previous=previous))
-    out.print(res["text"], markup=False, highlight=False)
-
-
 def register(app: typer.Typer) -> None:
     app.command("apply")(apply_cmd)
     app.command("probe")(probe_cmd)
     app.command("rollback")(rollback_cmd)
     app.command("releases")(releases_cmd)
-    app.add_typer(server_app, name="server")

@@ -1,6 +1,6 @@
 """``ddtree-deploy patchset …``: list, show, check, diff, and the developer workflow (dev, refresh).
 
-Thin: resolve the patch set and the base, call patch_apply / patch_dev, print a table or JSON, exit with the
+Thin: resolve the patch set and the base, call patchset.apply / patchset.dev, print a table or JSON, exit with the
 error's code (2 bad patch set, 5 does not apply).
 """
 
@@ -15,10 +15,10 @@ from rich.markup import escape
 
 from ..console import emit_json, err, out, table
 from ..errors import DeployError, InputError, PatchDoesNotApply
-from ..patch_apply import apply_patchset, render_diff
-from ..patch_base import BaseSource, open_base
-from ..patchset_format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
-from ._options import JsonOpt
+from ..patchset.apply import apply_patchset, render_diff
+from ..patchset.base import BaseSource, open_base
+from ..patchset.format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
+from ._options import JsonOpt, PatchesOpt
 
 app = typer.Typer(
     help="DDTree patch sets (patches/<name>/sglang-<version>/patchset.yaml): a versioned series of patches plus "
@@ -38,8 +38,6 @@ DriftOpt = typer.Option(False, "--allow-base-drift", help="try the series on a b
                         "(version or file hashes differ); reported loudly in the output and the overlay notes")
 ThreeWayOpt = typer.Option(False, "--3way", help="when a patch does not apply exactly, retry it as a 3-way merge "
                            "against the patch set's own base release; every patch that needed it is reported")
-RootOpt = typer.Option(None, "--patches", help="patch-set root (default: $DDTREE_PATCHES, the checkout's patches/, "
-                       "else the patch sets installed with ddtree-deploy)")
 
 
 def _resolve(name: str, base: BaseSource | None, root: Optional[Path], allow_drift: bool) -> PatchSet:
@@ -54,7 +52,7 @@ def _progress(message: str) -> None:
 
 
 @app.command("list")
-def list_cmd(root: Optional[Path] = RootOpt, as_json: bool = JsonOpt) -> None:
+def list_cmd(root: Optional[Path] = PatchesOpt, as_json: bool = JsonOpt) -> None:
     """List the patch sets under the patches root (each one validated; a broken one shows its error)."""
     root = root or default_patches_root()
     rows = []
@@ -78,7 +76,7 @@ def list_cmd(root: Optional[Path] = RootOpt, as_json: bool = JsonOpt) -> None:
 
 
 @app.command("show")
-def show_cmd(name: str = NameArg, root: Optional[Path] = RootOpt, as_json: bool = JsonOpt) -> None:
+def show_cmd(name: str = NameArg, root: Optional[Path] = PatchesOpt, as_json: bool = JsonOpt) -> None:
     """Show a patch set: base and its file hashes, requirements, the series (files, +/- lines) and runtime files."""
     ps = load_patchset(name, root=root)
     info = ps.describe()
@@ -105,7 +103,7 @@ def check_cmd(
     base: Optional[str] = BaseOpt,
     allow_base_drift: bool = DriftOpt,
     three_way: bool = ThreeWayOpt,
-    root: Optional[Path] = RootOpt,
+    root: Optional[Path] = PatchesOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Does the series apply to this base? Checks version and base-file hashes, applies every patch onto a staging
@@ -148,7 +146,7 @@ def diff_cmd(
     base: Optional[str] = BaseOpt,
     allow_base_drift: bool = DriftOpt,
     three_way: bool = ThreeWayOpt,
-    root: Optional[Path] = RootOpt,
+    root: Optional[Path] = PatchesOpt,
     no_pager: bool = typer.Option(False, "--no-pager", help="never page, even on a terminal"),
 ) -> None:
     """Print the unified diff the overlay makes against the base, file by file (paged on a terminal). The output
@@ -182,12 +180,12 @@ def build_cmd(
                               "an importable patched package (put it first on PYTHONPATH)"),
     allow_base_drift: bool = DriftOpt,
     three_way: bool = ThreeWayOpt,
-    root: Optional[Path] = RootOpt,
+    root: Optional[Path] = PatchesOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Write the overlay the series makes on this base into a directory, laid out like site-packages (with an
     overlay.json naming its digest and files). Nothing on any host changes."""
-    from ..patch_build import write_overlay
+    from ..patchset.build import write_overlay
 
     src = open_base(snapshot=snapshot, base=base)
     ps = _resolve(name, src, root, allow_base_drift)
@@ -213,11 +211,11 @@ def dev_cmd(
     base: Optional[str] = BaseOpt,
     allow_base_drift: bool = typer.Option(False, "--allow-base-drift", help="open the series on another base to port "
                                           "it (patches are applied with git am --3way; the tree stops at a conflict)"),
-    root: Optional[Path] = RootOpt,
+    root: Optional[Path] = PatchesOpt,
 ) -> None:
     """Make a git work tree to edit the series: the whole base package as the first commit (tag ddtree-base), then
     one commit per patch. Edit, commit (one commit per patch), then run `patchset refresh NAME DIR`."""
-    from ..patch_dev import make_dev_tree
+    from ..patchset.dev import make_dev_tree
 
     src = open_base(snapshot=snapshot, base=base)
     ps = _resolve(name, src, root, allow_base_drift)
@@ -238,14 +236,14 @@ def refresh_cmd(
                                   "the existing names of unchanged patches"),
     dry_run: bool = typer.Option(False, "--dry-run", help="say what would be written (files, +/- lines); write nothing"),
     diff: bool = typer.Option(False, "--diff", help="with --dry-run: also print the full diff of every file"),
-    root: Optional[Path] = RootOpt,
+    root: Optional[Path] = PatchesOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Write the work tree's commits after the base back as the series (one .patch per commit) and the sha256 of
     every base file they touch into patchset.yaml (its comments are kept). Refuses a dirty tree."""
     if diff and not dry_run:
         raise InputError("--diff goes with --dry-run")
-    from ..patch_dev import read_state, refresh_patchset
+    from ..patchset.dev import read_state, refresh_patchset
 
     if "/" not in name and not Path(name).exists():  # a bare name: the patch set the work tree was made from
         recorded = read_state(directory)

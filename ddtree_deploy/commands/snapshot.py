@@ -20,7 +20,7 @@ from ..facts import get
 from ..inventory import resolve_host
 from ..snapshot import Snapshot, SnapshotStore
 from . import hosts as hosts_cmd
-from ._options import InventoryOpt, JsonOpt, StoreOpt, complete_host
+from ._options import AllHostsOpt, InventoryOpt, JsonOpt, StoreOpt, complete_host
 
 
 
@@ -56,7 +56,7 @@ def _summary(s: Snapshot) -> dict[str, Any]:
 @snapshot_app.command("take")
 def take(
     names: list[str] = typer.Argument(None, help="hosts to snapshot", autocompletion=complete_host),
-    all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
+    all_hosts: bool = AllHostsOpt,
     inventory: Optional[Path] = InventoryOpt,
     store: Optional[Path] = StoreOpt,
     refresh: bool = typer.Option(False, "--refresh", help="re-hash every file and re-import torch on the host (ignore its caches)"),

@@ -13,7 +13,9 @@ module's own namespace instead (one program split into files of one job each).
 
 from __future__ import annotations
 
+import json
 import re
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,9 +37,11 @@ def _load_module(name, source):
 '''
 
 
-#: Boot line of a session op (transport.HostConnection.session): the program and its arguments arrive framed by
-#: their lengths, read straight from fd 0 with no read-ahead, so the op can go on reading command lines after them.
-SESSION_BOOT = (
+#: The line the host's Python runs for every program (``HostConnection.call``, its streamed form, and
+#: ``HostConnection.session``): the compressed program and its JSON arguments arrive framed by their lengths, read
+#: straight from fd 0 with no read-ahead, so what follows them on stdin (a streamed payload, a session's command
+#: lines) is left for the op to read.
+BOOT = (
     "import os,zlib\n"
     "def _x(n):\n"
     " b=b''\n"
@@ -50,6 +54,14 @@ SESSION_BOOT = (
     "a=_x(int.from_bytes(_x(8),'big'))\n"
     "exec(compile(p,'<ddtree-remote>','exec'),{'__name__':'__ddtree_remote__','_PAYLOAD':a})\n"
 )
+
+
+def framed_request(module: str, op: str, args: dict) -> bytes:
+    """What ``BOOT`` reads first: the compressed program for ``module`` and the ``{op, args}`` request, each
+    preceded by its length (8 bytes, big-endian)."""
+    program = zlib.compress(program_for(module), 6)
+    payload = json.dumps({"op": op, "args": args}).encode()
+    return len(program).to_bytes(8, "big") + program + len(payload).to_bytes(8, "big") + payload
 
 
 def _source(module: str, *, part: bool = False) -> str:

@@ -77,6 +77,37 @@ def _write_atomic(path, data):
         raise
 
 
+def _write_json(path, data, indent=None):
+    """``data`` as JSON (keys sorted, a final newline) through ``_write_atomic``: how every remote program writes
+    a JSON file (state, lock, release record, pid file, baseline, caches)."""
+    _write_atomic(path, (_json.dumps(data, indent=indent, sort_keys=True) + "\n").encode())
+
+
+def _read_json(path):
+    """A JSON file's content, or None when it is missing or unreadable (a cache: its absence only costs time)."""
+    try:
+        with open(path) as fh:
+            return _json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_cache(path, data):
+    """Write a cache file (compact JSON, atomic); a cache we cannot write is only slower next time, never a
+    failure: returns whether it was written."""
+    try:
+        _os.makedirs(_os.path.dirname(path), exist_ok=True)
+        _write_atomic(path, _json.dumps(data, separators=(",", ":")).encode())
+        return True
+    except OSError:
+        return False
+
+
+def _stat_key(st):
+    """What says a file is unchanged without reading it: size, mtime, inode and ctime (ctime cannot be set back)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
 def _proc_start_ticks(pid):
     """Start time of ``pid`` in clock ticks since boot, or None when it does not run (a zombie does not run)."""
     try:

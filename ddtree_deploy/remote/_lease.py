@@ -189,7 +189,7 @@ def _abandon(root, rid, why, guard):
         return {"abandoned": why, "action": "none", "detail": "the lock was taken over by run %s" % (rec or {}).get("run_id")}
     rec["abandoned"] = {"reason": why, "since": _now()}
     try:
-        _write_atomic(_lock_path(root), (_json.dumps(rec, sort_keys=True) + "\n").encode())
+        _write_json(_lock_path(root), rec)
     except OSError:
         pass  # the abandoned flag only tells other commands to wait; the lock is still ours
     _journal_quietly(root, "abandon", run=rid, reason=why)

@@ -32,7 +32,7 @@ def _load_state(root):
 
 
 def _save_state(root, state):
-    _write_atomic(os.path.join(root, "state.json"), (_json.dumps(state, indent=1, sort_keys=True) + "\n").encode())
+    _write_json(os.path.join(root, "state.json"), state, indent=1)
 
 
 def _journal(root, event, **fields):

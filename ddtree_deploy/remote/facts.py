@@ -1,17 +1,12 @@
-# Host facts and the package manifest, gathered on the host by its own Python (stdlib only, Python >= 3.8).
+# ruff: noqa: F821  (Failure and the _-helpers come from _frame.py, glued in front of this program)
+# Host facts, gathered on the host by its own Python (stdlib only, Python >= 3.8). The package manifest is
+# remote/manifest.py (which loads this module for the facts of its `snapshot` op).
 #
 # ops:
 #   facts(site_packages, package, release_root, torch_timeout, refresh)
 #       everything that decides binary compatibility: interpreter and ABI tag, glibc, torch build (imported in a
 #       subprocess with a timeout, so a broken torch cannot hang or kill us), driver and GPUs (nvidia-smi), the
 #       versions and torch pins of the packages SGLang runs with, and the compiled .so files inside the package.
-#   snapshot(site_packages, package, release_root, refresh)
-#       manifest + facts in one process when torch's facts are cached on the host (else facts is None).
-#   manifest(site_packages, package, release_root)
-#       sha256, size and mode of every file of the installed package and of its dist-info directory. Hashes are
-#       cached on the host in <release_root>/.manifest-cache.json keyed by (path, size, mtime_ns, inode, ctime_ns),
-#       so an unchanged package is re-described by stat() alone. ctime is in the key because nothing can set it: an
-#       in-place edit that keeps the size and puts the old mtime back (touch -d, rsync -t, tar) still changes it.
 # Missing pieces (no torch, no nvidia-smi, no GPU) are facts with a status, never failures.
 import glob
 import json
@@ -19,7 +14,6 @@ import os
 import platform
 import re
 import shutil
-import stat
 import struct
 import subprocess
 import sys
@@ -29,7 +23,6 @@ import time
 TRACKED_DISTS = ("sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer", "flashinfer-cubin",
                  "triton", "transformers", "torch")
 _SKIP_DIRS = ("__pycache__",)
-_CACHE_NAME = ".manifest-cache.json"
 _FACTS_CACHE_NAME = ".facts-cache.json"
 
 _TORCH_PROBE = r"""
@@ -325,25 +318,6 @@ def _finish_gpu_probe(procs, timeout=20):
     return {"status": "ok", "driver": driver, "cuda_max": m.group(1) if m else None, "gpus": gpus, "error": None}
 
 
-# -- caches under the release root ---------------------------------------------------------------------------------
-def _read_json(path):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path, data):
-    """Atomic replace; a cache we cannot write is only slower next time, never a failure."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write_atomic(path, json.dumps(data, separators=(",", ":")).encode())  # noqa: F821 (from _frame.py)
-        return True
-    except OSError:
-        return False
-
-
 # -- ops ------------------------------------------------------------------------------------------------------------
 def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0, refresh=False, cached_only=False,
           so_paths=None):
@@ -351,7 +325,7 @@ def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0
     (the caller then asks again in parallel with its transfer). ``so_paths``: the package's files, to skip a walk."""
     started = time.monotonic()
     if not os.path.isdir(os.path.join(site_packages, package)):
-        raise Failure("%s is not installed in %s (no %s/ directory there)" % (package, site_packages, package), "missing")  # noqa: F821 (defined by _frame.py)
+        raise Failure("%s is not installed in %s (no %s/ directory there)" % (package, site_packages, package), "missing")
     identity = _torch_identity()
     cache_path = os.path.join(release_root, _FACTS_CACHE_NAME) if release_root else None
     cached = (_read_json(cache_path) if cache_path else None) or {}
@@ -393,7 +367,7 @@ def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0
         dirty = dirty or torch.get("status") == "ok"
     if cache_path and dirty:
         keep = torch if torch.get("status") == "ok" else cached.get("torch")
-        _write_json(cache_path, {"identity": identity if torch.get("status") == "ok" else cached.get("identity"),
+        _write_cache(cache_path, {"identity": identity if torch.get("status") == "ok" else cached.get("identity"),
                                  "torch": keep, "compiled": elf_cache})
     dist_torch = (result["packages"].get("torch") or {}).get("version")
     torch.setdefault("version", dist_torch)
@@ -406,11 +380,6 @@ def facts(site_packages, package="sglang", release_root=None, torch_timeout=90.0
     result["sglang"]["version"] = pkg.get("version")
     result["seconds"] = round(time.monotonic() - started, 3)
     return result
-
-
-def _stat_key(st):
-    """What says a file is unchanged without reading it: size, mtime, inode and ctime (ctime cannot be set back)."""
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def _walk(site_packages, top):
@@ -428,56 +397,4 @@ def _walk(site_packages, top):
                     yield rel, entry
 
 
-def manifest(site_packages, package="sglang", release_root=None, refresh=False):
-    started = time.monotonic()
-    if not os.path.isdir(os.path.join(site_packages, package)):
-        raise Failure("%s is not installed in %s (no %s/ directory there)" % (package, site_packages, package), "missing")  # noqa: F821 (defined by _frame.py)
-    dist_info, _all, _wheel = _dist_info(site_packages, package)
-    tops = [package] + ([dist_info] if dist_info else [])
-    cache_path = os.path.join(release_root, _CACHE_NAME) if release_root else None
-    cache = None if (refresh or not cache_path) else _read_json(cache_path)
-    entries = cache.get("entries", {}) if isinstance(cache, dict) and cache.get("site_packages") == site_packages else {}
-    files, links, todo, new_entries = {}, {}, [], {}
-    for top in tops:
-        for rel, entry in _walk(site_packages, top):
-            full = entry.path
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                links[rel] = os.readlink(full)
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            key = _stat_key(st)
-            old = entries.get(rel)
-            mode = stat.S_IMODE(st.st_mode)
-            if old and old[:-1] == key:
-                files[rel] = [old[-1], st.st_size, mode]
-                new_entries[rel] = old
-            else:
-                todo.append((rel, full, key, mode))
-    if todo:
-        from concurrent.futures import ThreadPoolExecutor  # hashlib releases the GIL on large buffers
-
-        workers = max(1, min(8, os.cpu_count() or 1))
-        with ThreadPoolExecutor(workers) as pool:
-            digests = list(pool.map(lambda item: _sha256_file(item[1]), todo))  # noqa: F821 (from _frame.py)
-        for (rel, _full, key, mode), digest in zip(todo, digests):  # noqa: B905 (runs on Python 3.8)
-            files[rel] = [digest, key[0], mode]
-            new_entries[rel] = key + [digest]
-    cache_written = False
-    if cache_path and (todo or len(new_entries) != len(entries)):
-        cache_written = _write_json(cache_path, {"site_packages": site_packages, "entries": new_entries})
-    return {"site_packages": site_packages, "package": package, "dist_info": dist_info, "files": files,
-            "links": links, "zstd": shutil.which("zstd") is not None, "hashed": len(todo), "cached": len(files) - len(todo), "cache_written": cache_written,
-            "seconds": round(time.monotonic() - started, 3)}
-
-
-def snapshot(site_packages, package="sglang", release_root=None, refresh=False):
-    """Manifest and (when torch's facts are cached on the host) facts in one process: the re-snapshot fast path."""
-    m = manifest(site_packages, package, release_root, refresh)
-    f = facts(site_packages, package, release_root, refresh=refresh, cached_only=True,
-              so_paths=[p for p in m["files"] if p.startswith(package + "/")])
-    return {"manifest": m, "facts": f}
-
-
-OPS = {"facts": facts, "manifest": manifest, "snapshot": snapshot}
+OPS = {"facts": facts}

@@ -365,7 +365,7 @@ def read_json(path):
 
 def write_json(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _write_atomic(path, (_json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    _write_json(path, data, indent=1)
     return path
 
 

@@ -94,7 +94,7 @@ def start(root, command, env, release=None, port=None):
         time.sleep(0.002)
     record = {"pid": proc.pid, "start_ticks": ticks, "release": release, "command": command,
               "started": _now(), "started_epoch": time.time()}
-    _write_atomic(pid_file, _json.dumps(record).encode())
+    _write_json(pid_file, record)
     return {"pid": proc.pid, "log": log_file, "pid_file": pid_file, "start_ticks": ticks}
 
 

@@ -41,14 +41,37 @@ def unpack(wheel: Path, dest: Path, only: list[str] | None = None) -> None:
 def build_patched(wheel: Path, dest: Path) -> Path:
     """The whole base package with the 0.5.11 series applied and the runtime vendored, by the product's own
     patch-set code (what `ddtree-deploy patchset build --full` writes)."""
-    from ddtree_deploy.patch_apply import apply_patchset
-    from ddtree_deploy.patch_base import WheelBase
-    from ddtree_deploy.patch_build import write_overlay
-    from ddtree_deploy.patchset_format import load_patchset
+    from ddtree_deploy.patchset.apply import apply_patchset
+    from ddtree_deploy.patchset.base import WheelBase
+    from ddtree_deploy.patchset.build import write_overlay
+    from ddtree_deploy.patchset.format import load_patchset
 
     base = WheelBase(wheel)
     write_overlay(apply_patchset(load_patchset(PSET / "patchset.yaml"), base).overlay, base, dest, full=True)
     return dest
+
+
+def apply_series(wheel: Path, *, upto: int | None = None, allow_base_drift: bool = False):
+    """The 0.5.11 series (or its first ``upto`` patches) applied to ``wheel`` by the product's apply engine
+    (all-or-nothing, fuzz 0): the ApplyResult, whose overlay holds every patched and vendored file."""
+    import dataclasses
+
+    from ddtree_deploy.patchset.apply import apply_patchset
+    from ddtree_deploy.patchset.base import WheelBase
+    from ddtree_deploy.patchset.format import load_patchset
+
+    ps = load_patchset(PSET / "patchset.yaml")
+    if upto is not None:
+        ps = dataclasses.replace(ps, patches=ps.patches[:upto])
+    return apply_patchset(ps, WheelBase(wheel), allow_base_drift=allow_base_drift)
+
+
+def unpack_prefix(wheel: Path, dest: Path, files: list[str], upto: int) -> None:
+    """``files`` of the base under ``dest``, with the first ``upto`` patches applied by the product over them."""
+    unpack(wheel, dest, only=files)
+    for f in apply_series(wheel, upto=upto).overlay.files:
+        (dest / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / f.path).write_bytes(f.content)
 
 
 def sha256(b: bytes) -> str:

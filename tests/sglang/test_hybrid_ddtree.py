@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from sglang_series_helpers import (PSET, REPO, load_module, patchset, sglang_subprocess_env, touched,
-                                   unpack)
+                                   unpack, unpack_prefix)
 
 if not torch.cuda.is_available():  # the base kernels run in the Triton interpreter (set before they are decorated)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -63,9 +63,7 @@ def test_series_prefixes_before_the_last_byte_compile(base_wheel: Path, tmp_path
     without 0004), so 0004 stays a separable patch."""
     meta = patchset()
     files = sorted({f for p in meta["series"] for f in touched(PSET / p)})
-    unpack(base_wheel, tmp_path, only=files)
-    for p in meta["series"][:upto]:
-        subprocess.run(["git", "apply", "-p1", str(PSET / p)], cwd=tmp_path, check=True)
+    unpack_prefix(base_wheel, tmp_path, files, upto)
     compiled = 0
     for f in files:
         if (tmp_path / f).exists():

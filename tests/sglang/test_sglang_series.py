@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import py_compile
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from sglang_series_helpers import PSET, patchset, sha256, touched, unpack
+from ddtree_deploy.errors import PatchDoesNotApply
+from ddtree_deploy.patchset.apply import SeriesDoesNotApply
+from sglang_series_helpers import PSET, apply_series, patchset, sha256, touched, unpack_prefix
 
 
 def test_patchset_metadata_is_complete():
@@ -38,31 +39,36 @@ def test_base_hashes_match_the_wheel(base_wheel: Path):
             assert sha256(zf.read(path)) == want, path
 
 
-def test_series_applies_in_order_with_fuzz_0(base_wheel: Path, tmp_path: Path):
+def test_series_applies_in_order_with_fuzz_0(base_wheel: Path):
+    """The product's apply engine takes the series patch by patch, in order, with no fuzz; every base file the
+    series modifies comes out changed (the hunks really landed)."""
     meta = patchset()
-    files = sorted({f for p in meta["series"] for f in touched(PSET / p)})
-    unpack(base_wheel, tmp_path, only=files)
-    for p in meta["series"]:
-        # --check first: nothing is written when a patch does not apply
-        subprocess.run(["git", "apply", "-p1", "--check", str(PSET / p)], cwd=tmp_path, check=True)
-        subprocess.run(["git", "apply", "-p1", str(PSET / p)], cwd=tmp_path, check=True)
-    # applying the series a second time must fail (it is not idempotent): proves the hunks really landed
-    r = subprocess.run(["git", "apply", "-p1", "--check", str(PSET / meta["series"][0])], cwd=tmp_path,
-                       capture_output=True, text=True)
-    assert r.returncode != 0
-    text = (tmp_path / "sglang/srt/server_args.py").read_text()
+    result = apply_series(base_wheel)
+    assert [(step.name, step.status) for step in result.steps] == [(p, "applied") for p in meta["series"]]
+    files = {f.path: f.content for f in result.overlay.files}
+    with zipfile.ZipFile(base_wheel) as zf:
+        for path in meta["base"]["files"]:
+            assert files[path] != zf.read(path), path
+    text = files["sglang/srt/server_args.py"].decode()
     assert "speculative_ddtree_budget: Optional[int] = None" in text
     assert '"--speculative-ddtree-budget"' in text
 
 
 def test_series_refuses_a_drifted_base(base_wheel: Path, tmp_path: Path):
-    unpack(base_wheel, tmp_path, only=["sglang/srt/server_args.py"])
-    f = tmp_path / "sglang/srt/server_args.py"
-    f.write_text(f.read_text().replace("speculative_dflash_draft_window_size: Optional[int] = None",
-                                       "speculative_dflash_draft_window_size: Optional[int] = 0"))
-    r = subprocess.run(["git", "apply", "-p1", "--check", "--include=sglang/srt/server_args.py",
-                        str(PSET / "0001-dispatch.patch")], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode != 0 and "server_args.py" in r.stderr
+    """A base whose server_args.py differs where 0001 lands is refused by its hash, and even with
+    --allow-base-drift the hunk does not apply at fuzz 0: the error names the file."""
+    drifted = tmp_path / base_wheel.name
+    with zipfile.ZipFile(base_wheel) as src, zipfile.ZipFile(drifted, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "sglang/srt/server_args.py":
+                data = data.replace(b"speculative_dflash_draft_window_size: Optional[int] = None",
+                                    b"speculative_dflash_draft_window_size: Optional[int] = 0")
+            dst.writestr(item, data)
+    with pytest.raises(PatchDoesNotApply, match="server_args.py"):
+        apply_series(drifted)
+    with pytest.raises(SeriesDoesNotApply, match="server_args.py"):
+        apply_series(drifted, allow_base_drift=True)
 
 
 def test_patched_modules_byte_compile(patched_tree: Path):
@@ -79,9 +85,7 @@ def test_each_prefix_of_the_series_byte_compiles(base_wheel: Path, tmp_path: Pat
     """The series is applied patch by patch; every intermediate state must still be valid Python."""
     meta = patchset()
     files = sorted({f for p in meta["series"] for f in touched(PSET / p)})
-    unpack(base_wheel, tmp_path, only=files)
-    for p in meta["series"][:upto]:
-        subprocess.run(["git", "apply", "-p1", str(PSET / p)], cwd=tmp_path, check=True)
+    unpack_prefix(base_wheel, tmp_path, files, upto)
     for f in files:
         if (tmp_path / f).exists():
             py_compile.compile(str(tmp_path / f), doraise=True, cfile=str(tmp_path / f) + ".c.pyc")

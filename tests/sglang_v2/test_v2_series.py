@@ -13,7 +13,7 @@ from v2_helpers import BASES, PROBE_MODULES, REPO, TRAITS, pinned
 
 from ddtree_deploy.deploy import DEFAULT_PATCHSET
 from ddtree_deploy.errors import PatchDoesNotApply
-from ddtree_deploy.patchset_format import find_patchset_for
+from ddtree_deploy.patchset.format import find_patchset_for
 
 GLUE = ["config", "draft_topk", "round", "sampling", "verify_input", "compat"]
 

@@ -132,10 +132,10 @@ def pinned(version: str, package: str) -> str:
 
 def build_patched(version: str, dest: Path) -> Path:
     """The whole sglang package of ``version`` with the ddtree patch set applied, as the product builds it."""
-    from ddtree_deploy.patch_apply import apply_patchset
-    from ddtree_deploy.patch_base import WheelBase
-    from ddtree_deploy.patch_build import write_overlay
-    from ddtree_deploy.patchset_format import find_patchset_for
+    from ddtree_deploy.patchset.apply import apply_patchset
+    from ddtree_deploy.patchset.base import WheelBase
+    from ddtree_deploy.patchset.build import write_overlay
+    from ddtree_deploy.patchset.format import find_patchset_for
 
     base = WheelBase(base_wheel(version))
     ps = find_patchset_for("ddtree", version, root=REPO / "patches")

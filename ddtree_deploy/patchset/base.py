@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import InputError
+from ..errors import InputError
 
 
 class BaseSource(ABC):
@@ -187,7 +187,7 @@ class SnapshotBase(BaseSource):
 
 def _default_store(root: Path | None = None) -> Any:
     try:
-        from .snapshot import SnapshotStore  # imported late: wheel users need no snapshot store
+        from ..snapshot import SnapshotStore  # imported late: wheel users need no snapshot store
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.endswith("snapshot"):
             raise InputError("--snapshot: this build has no snapshot store; use --base sglang==X") from None
@@ -225,7 +225,7 @@ def open_base(*, snapshot: str | None = None, base: str | None = None) -> BaseSo
     m = _SPEC.match(base.strip())
     if not m:
         raise InputError(f"--base: expected PACKAGE==VERSION (e.g. sglang==0.5.23) or a .whl file, got {base!r}")
-    from .wheels import fetch_wheel
+    from ..wheels import fetch_wheel
 
     package, version = m.group(1), m.group(2)
     return WheelBase(fetch_wheel(package, version), package=package)

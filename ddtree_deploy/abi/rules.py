@@ -1,38 +1,16 @@
-"""ABI rules over host facts: can these compiled files, this torch build and this patch set run on that host?
-
-pip cannot answer it: ``torch==2.11.0`` matches ``2.11.0+cu130`` and ``2.11.0+cu128`` alike (PEP 440 ignores local
-labels unless the specifier names one), yet an extension built against one fails on the other with
-``undefined symbol``, a CUDA 13 runtime fails on a 570 driver, and a GPU whose arch is missing from torch's arch list
-fails with ``no kernel image is available``. Each rule below is one small function over ``ddtree_deploy.facts``
-records that returns ``Finding``s; nothing here talks to a host.
-
-Public API:
-
-- ``check_hosts(facts_by_host) -> list[Finding]``: every per-host rule, plus which hosts could share compiled files.
-- ``check_overlay(host, facts, *, built_from_facts, carries_compiled, requires, base_version) -> list[Finding]``:
-  may an overlay built from ``built_from_facts`` (``None``: built from this host's own snapshot) be pushed to
-  ``host``? ``requires`` maps ``python``, ``torch``, ``triton``, ``cuda``, ``glibc`` or any distribution name to a
-  PEP 440 specifier set (``{"torch": ">=2.11,<2.12"}``); a specifier with a local label (``==2.11.0+cu130``) has the
-  label compared explicitly. ``deploy apply`` refuses to push when ``has_errors`` (exit 4).
-- ``Finding(severity, host, rule, what, why, fix)`` with severity ``error`` | ``warning`` | ``info``;
-  ``has_errors(findings)``; ``render(findings)`` and ``matrix(facts_by_host)`` (rich tables), ``matrix_rows``
-  (the same matrix as data, for ``--json``).
+"""The ABI rules: each one small function over ``ddtree_deploy.facts`` records that returns ``Finding``s, and the
+entry points that run them for a host, a set of hosts, or an overlay bound for a host. Nothing here talks to a host.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from rich.markup import escape
-from rich.table import Table
 
-from .facts import binary_fingerprint, compute_caps, flashinfer_package, get, kernel_package
-
-ERROR, WARNING, INFO = "error", "warning", "info"
-_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+from ..facts import binary_fingerprint, compute_caps, get, kernel_package
+from .findings import ERROR, INFO, WARNING, Finding, sort_findings
 
 #: Lowest driver branch for each CUDA major (NVIDIA minor-version compatibility table).
 DRIVER_MINIMUM = {13: 580, 12: 525, 11: 450}
@@ -41,30 +19,6 @@ DRIVER_MINIMUM = {13: 580, 12: 525, 11: 450}
 COMPILED_AGAINST_TORCH = ("sglang-kernel", "sgl-kernel")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One verdict: how bad, on which host, which rule, what differs, why it breaks, how to fix it."""
-
-    severity: str
-    host: str
-    rule: str
-    what: str
-    why: str
-    fix: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-def has_errors(findings: Iterable[Finding]) -> bool:
-    return any(f.severity == ERROR for f in findings)
-
-
-def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
-    return sorted(findings, key=lambda f: (_ORDER.get(f.severity, 9), f.host, f.rule))
-
-
-# -- small parsers ----------------------------------------------------------------------------------------------------
 def _version(text: str | None) -> Version | None:
     if not text:
         return None
@@ -83,11 +37,6 @@ def _major_minor(text: str | None) -> tuple[int, int] | None:
         return int(parts[0]), int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
     except ValueError:
         return None
-
-
-def _cap_number(cap: str) -> tuple[int, int] | None:
-    mm = _major_minor(cap)
-    return mm
 
 
 def _arch_entries(arch_list: Iterable[str]) -> list[tuple[str, int, int, str]]:
@@ -109,7 +58,7 @@ def arch_runs_on(arch_list: Iterable[str], cap: str) -> str | None:
     SASS for sm_XY runs on devices of the same major with minor >= Y (arch-specific ``a`` builds only on exactly
     X.Y); PTX (compute_XY) is JIT-compiled for any device of capability >= X.Y.
     """
-    dev = _cap_number(cap)
+    dev = _major_minor(cap)
     if dev is None:
         return None
     entries = _arch_entries(arch_list)
@@ -412,66 +361,3 @@ def check_overlay(host: str, facts: dict[str, Any], *, built_from_facts: dict[st
     out.extend(rule_requirements(host, facts, requires))
     out.extend(rule_base_version(host, facts, base_version))
     return sort_findings(out)
-
-
-# -- rendering --------------------------------------------------------------------------------------------------------
-_MATRIX: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
-    ("python ABI", lambda f: f"{get(f, 'python.abi_tag')} ({get(f, 'python.version')})"),
-    ("glibc", lambda f: get(f, "glibc")),
-    ("machine", lambda f: get(f, "python.machine")),
-    ("torch release", lambda f: get(f, "torch.release")),
-    ("torch CUDA tag", lambda f: get(f, "torch.local")),
-    ("torch.version.cuda", lambda f: get(f, "torch.cuda")),
-    ("CXX11 ABI", lambda f: get(f, "torch.cxx11_abi")),
-    ("arch list", lambda f: " ".join(get(f, "torch.arch_list", [])) or None),
-    ("driver", lambda f: get(f, "gpu.driver") or get(f, "gpu.status")),
-    ("driver max CUDA", lambda f: get(f, "gpu.cuda_max")),
-    ("GPU compute caps", lambda f: ", ".join(compute_caps(f)) or None),
-    ("GPUs", lambda f: ", ".join(sorted({g.get("name", "?") for g in get(f, "gpu.gpus", [])})) or None),
-    ("sglang", lambda f: get(f, "packages.sglang.version")),
-    ("sglang pins torch", lambda f: get(f, "packages.sglang.requires_torch")),
-    ("sglang-kernel", lambda f: _named_version(kernel_package(f))),
-    ("kernel pins torch", lambda f: (kernel_package(f) or ("", {}))[1].get("requires_torch")),
-    ("flashinfer", lambda f: _named_version(flashinfer_package(f))),
-    ("flashinfer pins torch", lambda f: (flashinfer_package(f) or ("", {}))[1].get("requires_torch")),
-    ("triton", lambda f: get(f, "packages.triton.version")),
-    ("transformers", lambda f: get(f, "packages.transformers.version")),
-    ("compiled .so in sglang", lambda f: len(get(f, "sglang.compiled", []) or [])),
-)
-
-
-def _named_version(found: tuple[str, dict[str, Any]] | None) -> str | None:
-    return f"{found[1].get('version')} ({found[0]})" if found else None
-
-
-def matrix_rows(facts_by_host: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The compatibility matrix as data: one row per fact, a value per host, and whether hosts differ."""
-    rows = []
-    for label, read in _MATRIX:
-        values = {host: read(f) for host, f in facts_by_host.items()}
-        rows.append({"fact": label, "values": values, "differs": len({str(v) for v in values.values()}) > 1})
-    return rows
-
-
-def matrix(facts_by_host: dict[str, dict[str, Any]]) -> Table:
-    """Rich table: facts down, hosts across; rows where hosts differ are highlighted."""
-    t = Table(title="binary compatibility", title_justify="left", header_style="bold")
-    t.add_column("fact")
-    for host in facts_by_host:
-        t.add_column(host)
-    for row in matrix_rows(facts_by_host):
-        style = "yellow" if row["differs"] else None
-        t.add_row(row["fact"], *[escape("-" if v is None else str(v)) for v in row["values"].values()], style=style)
-    return t
-
-
-def render(findings: Iterable[Finding]) -> Table:
-    """Rich table of findings, errors first."""
-    colors = {ERROR: "bold red", WARNING: "yellow", INFO: "dim"}
-    t = Table(title="ABI findings", title_justify="left", header_style="bold", show_lines=True)
-    for column in ("severity", "host", "rule", "what", "why it breaks", "fix"):
-        t.add_column(column)
-    for f in sort_findings(findings):
-        t.add_row(f"[{colors.get(f.severity, '')}]{f.severity}[/]", escape(f.host), f.rule, escape(f.what),
-                  escape(f.why), escape(f.fix))
-    return t

@@ -23,10 +23,11 @@ from typing import Any, Callable
 
 import yaml
 
-from .errors import InputError
-from .patch_apply import SeriesDoesNotApply, check_base, git, git_env, import_pristine_blobs, init_repo
-from .patch_base import BaseSource, as_base_source
-from .patchset_format import PATCHSET_FILE, PatchFile, PatchSet, load_patchset, parse_patch
+from ..errors import InputError
+from .apply import SeriesDoesNotApply, check_base, git, git_env, import_pristine_blobs, init_repo
+from .base import BaseSource, as_base_source
+from .diff import PatchFile, parse_patch
+from .format import PATCHSET_FILE, PatchSet, load_patchset
 
 STATE_FILE = "ddtree-dev.json"  # inside .git/
 BASE_TAG = "ddtree-base"

@@ -14,9 +14,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
-from .overlay import Overlay
-from .patch_base import BaseSource
+from ..errors import InputError
+from ..overlay import Overlay
+from .base import BaseSource
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,48 @@
+"""The generation baseline: what the probe's generation stage compares against, recorded on the host.
+
+Baselines live on the host, in ``<release_root>/probe-baseline.json``: they describe that host's model and server,
+they survive a change of control machine, and every deploy to the host compares against the same file. Recording
+one restarts the server (DDTree off by default: the tokens of a non-speculative greedy run are the lossless
+reference), generates the fixed prompts and restarts the server as configured; it runs under the host lock
+(``probe --record-baseline``, or ``apply`` on a host that has none yet).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import OperationFailed
+from .inventory import Host
+
+if TYPE_CHECKING:
+    from .probe import Prober
+    from .server import ServerControl
+
+
+def baseline_path(host: Host) -> str:
+    return posixpath.join(host.release_root, "probe-baseline.json")
+
+
+def record_baseline(prober: Prober, ctl: ServerControl, *, ddtree: bool = False) -> dict[str, Any]:
+    """Restart the server (DDTree off unless ``ddtree``), generate the fixed prompts, store the replies on the host,
+    then restart it as configured. Returns the recorded document."""
+    host, conn = prober.host, prober.conn
+    prompts = list(host.probe.get("prompts") or [])
+    if not prompts:
+        raise OperationFailed(f"{host.source}: probe.prompts is empty; nothing to record")
+    active = conn.call("release", "show", root=host.release_root)["state"]["active"]
+    ctl.restart(release=active, ddtree=ddtree)
+    try:
+        start = prober.startup(active if ddtree else None)
+        if start.status != "pass":
+            raise OperationFailed(f"host {host.name}: cannot record a baseline: {start.detail}\n{start.log_tail}")
+        replies = prober.generate()
+    finally:
+        ctl.restart(release=active, ddtree=active is not None)
+    doc = {"recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.name, "ddtree": ddtree,
+           "release": active, "prompts": prompts, "max_new_tokens": int(host.probe.get("max_new_tokens", 32)),
+           "outputs": [{"prompt": r["prompt"], "output_ids": r.get("output_ids"), "text": r.get("text")} for r in replies]}
+    conn.call("probe", "write_json", timeout=30, path=baseline_path(host), data=doc)
+    return doc

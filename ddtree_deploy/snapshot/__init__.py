@@ -1,0 +1,369 @@
+"""Content-addressed snapshots of the SGLang installed on a host: exact bytes, a hash manifest and the host's facts.
+
+Store layout (root: ``--store``, ``$DDTREE_SNAPSHOTS``, the checkout's ``snapshots/`` or ``$XDG_DATA_HOME/ddtree-deploy/snapshots``)::
+
+    objects/<sha256>                 one read-only blob per distinct file content, shared by every host
+    objects/.incoming/<pid>-<rand>   blobs being received; renamed into place only once their hash matched
+    <host>/<id>/snapshot.json        id, host, created, package version, counts, transfer statistics
+    <host>/<id>/facts.json           ddtree_deploy.facts record
+    <host>/<id>/manifest.json        {"files": {path: {"sha256", "size", "mode"}}, "links": {path: target}}
+
+Paths in a manifest are relative to site-packages (``sglang/srt/server_args.py``) and cover the package and its
+dist-info directory (``__pycache__`` is left out: it is derived, host-specific and rebuilt by every release).
+
+Why it is built this way:
+
+- Only blobs the store lacks cross the wire, as one ``tar`` stream (``zstd -1`` compressed when both ends have zstd:
+  paramiko's per-byte cost is the bottleneck). A separate receiver process (stdlib only, its own CPU, out of the
+  GIL that paramiko's thread holds) reads the stream, hashes every blob on arrival and renames it into
+  ``objects/`` only when it matches the manifest, so a half-received file never looks like a blob. Member names
+  are only looked up in the list we asked for, never used as paths.
+- The entry directory is written under a temporary name and renamed last, so an interrupted snapshot leaves no
+  entry, and the blobs that did arrive are complete and verified (harmless, and reused by the next attempt).
+- Hashing on the host is cached in ``<release_root>/.manifest-cache.json`` keyed by (path, size, mtime_ns, inode,
+  ctime_ns: an in-place edit that keeps the size and restores the mtime still changes ctime),
+  and torch's facts in ``.facts-cache.json`` keyed by the identity of torch's files, so re-snapshotting an unchanged
+  host is one host process (manifest and facts together) and stat() calls: about 0.5 s for 0.5.23's 5,800 files
+  (bench/results/snapshot-sandbox.md). A first snapshot runs the facts (torch import) on a second channel while
+  the manifest is hashed and the blobs transferred.
+
+- The store trusts nothing it did not check: a manifest from a host with a path that leaves the package (``..``,
+  absolute, outside the package and its dist-info) is refused before anything is stored; a blob already in the
+  store is re-hashed when its stat changed since it was last verified (``.verified-blobs.json``), and a damaged
+  one is fetched again by the next snapshot; ``repair`` fetches the damaged blobs of a snapshot from its host;
+  ``materialize`` (the patch-set work trees) refuses a blob whose content does not match its hash.
+
+The package, by job: this module is the store (blobs, entries, reading, verify, materialize, diff); ``take``
+(taking and repairing a snapshot from a host), ``transfer`` (the tar stream of missing blobs: command, pump,
+verdict), ``receiver`` (the blob receiver process), ``manifest`` (digest and the refusal of a hostile manifest).
+
+Public API: ``SnapshotStore(root)`` with ``take(host, progress=...)``, ``get(id_or_prefix)``, ``latest(host)``,
+``list(host=None)``, ``verify(id)``, ``repair(id, host)``, ``blob_path(sha256)``, ``materialize(snapshot, dest,
+paths=None)`` and ``diff(a, b)``; ``Snapshot`` with ``id``, ``host``, ``created``, ``facts``, ``manifest`` and
+``package_version``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .. import facts as facts_mod
+from .. import paths
+from ..errors import InputError
+from ..inventory import Host
+from ..transport import HostConnection
+from .manifest import manifest_digest
+
+#: ``progress(stage, done, total)``: stage is "manifest", "transfer" or "done"; byte counts for "transfer".
+Progress = Callable[[str, int, int], None]
+
+_ID_RE = re.compile(r"^[0-9a-f]{12}$")
+_RESERVED = {"objects"}
+_READ = 1 << 20
+
+
+def default_root() -> Path:
+    """``$DDTREE_SNAPSHOTS``, else the checkout's ``snapshots/``, else the user data dir (ddtree_deploy.paths)."""
+    return paths.snapshot_root()
+
+
+@dataclass
+class SnapshotStats:
+    files: int = 0
+    bytes: int = 0
+    blobs_needed: int = 0
+    blobs_transferred: int = 0
+    bytes_transferred: int = 0
+    seconds: float = 0.0
+    manifest_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+    host_hashed: int = 0
+    wire: str = ""  # "tar" or "tar+zstd"
+    wire_bytes: int = 0
+
+
+class Snapshot:
+    """One recorded snapshot. ``facts`` and ``manifest`` are read from disk on first use (manifests are large)."""
+
+    def __init__(self, path: Path, info: dict[str, Any]) -> None:
+        self.path = path
+        self.info = info
+        self._facts: dict[str, Any] | None = None
+        self._manifest_doc: dict[str, Any] | None = None
+
+    id = property(lambda self: self.info["id"])
+    host = property(lambda self: self.info["host"])
+    created = property(lambda self: self.info["created"])
+    package_version = property(lambda self: self.info.get("package_version"))
+    package = property(lambda self: self.info.get("package", "sglang"))
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        if self._facts is None:
+            self._facts = json.loads((self.path / "facts.json").read_text())
+        return self._facts
+
+    def _doc(self) -> dict[str, Any]:
+        if self._manifest_doc is None:
+            self._manifest_doc = json.loads((self.path / "manifest.json").read_text())
+        return self._manifest_doc
+
+    @property
+    def manifest(self) -> dict[str, dict[str, Any]]:
+        """``{path: {"sha256", "size", "mode"}}`` for every regular file, paths relative to site-packages."""
+        return self._doc()["files"]
+
+    @property
+    def links(self) -> dict[str, str]:
+        return self._doc().get("links", {})
+
+    def __repr__(self) -> str:
+        return f"Snapshot({self.id} {self.host} {self.package}=={self.package_version} {self.created})"
+
+
+class SnapshotStore:
+    """The local snapshot store shared by all hosts (see the module docstring for its layout)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        self.objects = self.root / "objects"
+        self.incoming = self.objects / ".incoming"
+
+    # -- blobs ---------------------------------------------------------------------------------------------------------
+    def blob_path(self, sha256: str) -> Path:
+        return self.objects / sha256
+
+    def has_blob(self, sha256: str) -> bool:
+        return (self.objects / sha256).is_file()
+
+    def read_blob(self, sha256: str, *, path: str, snapshot_id: str) -> bytes:
+        """The bytes of one blob, checked against its name: a missing or damaged blob is refused (bad input: the
+        store), naming the file and the command that mends it. Every reader of base files goes through here."""
+        try:
+            data = (self.objects / sha256).read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"snapshot {snapshot_id}: the blob of {path} is missing from the store {self.objects}",
+                             hint=f"`ddtree-deploy snapshot verify {snapshot_id} --repair` fetches it again") from None
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise InputError(f"snapshot {snapshot_id}: the blob of {path} does not match its manifest hash (store "
+                             "corrupted)", hint=f"`ddtree-deploy snapshot verify {snapshot_id} --repair` fetches it again")
+        return data
+
+    def intact_blobs(self, wanted: dict[str, int], *, refresh: bool = False) -> set[str]:
+        """Which of ``wanted`` (sha256 -> size) the store holds intact. A blob whose stat (size, mtime, ctime, inode)
+        is the one recorded when it was last verified is trusted; any other is re-hashed (``refresh``: all are).
+        A damaged blob is removed, so the caller fetches it again."""
+        cache = {} if refresh else self._verified()
+        good: dict[str, list[int]] = {}
+        for sha, size in wanted.items():
+            blob = self.objects / sha
+            try:
+                st = blob.stat()
+            except OSError:
+                continue
+            key = _blob_key(st)
+            if cache.get(sha) == key or (st.st_size == size and _hash_path(blob) == sha):
+                good[sha] = key
+            else:
+                blob.unlink(missing_ok=True)
+        if any(cache.get(k) != v for k, v in good.items()):
+            self._save_verified({**cache, **good})
+        return set(good)
+
+    def _verified(self) -> dict[str, list[int]]:
+        try:
+            return json.loads((self.root / ".verified-blobs.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_verified(self, cache: dict[str, list[int]]) -> None:
+        path = self.root / ".verified-blobs.json"
+        tmp = path.with_name(f".verified-blobs.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(cache, separators=(",", ":")))
+            tmp.replace(path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a cache we cannot write only costs a re-hash next time
+
+    def _record_verified(self, shas: Iterable[str]) -> None:
+        """Blobs the receiver stored were hashed on arrival: record them, so the next snapshot only stats them."""
+        cache = self._verified()
+        for sha in shas:
+            try:
+                cache[sha] = _blob_key((self.objects / sha).stat())
+            except OSError:
+                continue
+        self._save_verified(cache)
+
+    def _sweep(self, host_name: str) -> None:
+        """Remove what snapshot processes that no longer run left behind (killed mid-transfer or mid-write):
+        temporary blobs ``objects/.incoming/<pid>-*`` and temporary entries ``<host>/.tmp-<id>-<pid>``."""
+        if self.incoming.is_dir():
+            for tmp in self.incoming.iterdir():
+                pid = tmp.name.split("-", 1)[0]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    tmp.unlink(missing_ok=True)
+        host_dir = self.root / host_name
+        if host_dir.is_dir():
+            for tmp in host_dir.glob(".tmp-*"):
+                pid = tmp.name.rsplit("-", 1)[-1]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- taking a snapshot (snapshot.take) ---------------------------------------------------------------------------
+    def take(self, host: Host, progress: Progress | None = None, *, connection: HostConnection | None = None,
+             refresh: bool = False, package: str = "sglang") -> Snapshot:
+        """Snapshot ``host``: facts and manifest from the host, missing blobs in one tar stream, entry last.
+
+        ``connection`` lets a caller share an open connection (and its fate: closing it cuts the transfer);
+        ``refresh`` ignores the host-side hash and torch caches.
+        """
+        from .take import take
+
+        return take(self, host, progress, connection=connection, refresh=refresh, package=package)
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+    def list(self, host: str | None = None) -> list[Snapshot]:
+        """Snapshots, oldest first; only complete entries (temporary directories are never listed)."""
+        if not self.root.is_dir():
+            return []
+        hosts = [self.root / host] if host else [p for p in self.root.iterdir() if p.is_dir() and p.name not in _RESERVED]
+        found = []
+        for hdir in hosts:
+            if not hdir.is_dir():
+                continue
+            for entry in hdir.iterdir():
+                if _ID_RE.match(entry.name) and (entry / "snapshot.json").is_file():
+                    found.append(Snapshot(entry, json.loads((entry / "snapshot.json").read_text())))
+        return sorted(found, key=lambda s: s.created)
+
+    def latest(self, host_name: str) -> Snapshot | None:
+        snaps = self.list(host_name)
+        return snaps[-1] if snaps else None
+
+    def get(self, id_or_prefix: str) -> Snapshot:
+        """A snapshot by id, unique id prefix (4+ characters), or host name (its latest snapshot)."""
+        ref = id_or_prefix.strip()
+        every = self.list()
+        if ref in {s.host for s in every}:
+            return [s for s in every if s.host == ref][-1]
+        matches = [s for s in every if s.id.startswith(ref)] if len(ref) >= 4 else []
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise InputError(f"no snapshot '{ref}' in {self.root} (give an id, a prefix of 4+ characters, or a host name; "
+                             "see `ddtree-deploy snapshot list`)")
+        raise InputError(f"snapshot prefix '{ref}' is ambiguous in {self.root}: {', '.join(s.id for s in matches[:6])}")
+
+    def verify(self, id_or_prefix: str | Snapshot) -> list[str]:
+        """Problems with a snapshot's blobs (missing, wrong size, wrong hash); empty when every blob is intact."""
+        snap = id_or_prefix if isinstance(id_or_prefix, Snapshot) else self.get(id_or_prefix)
+        problems = []
+        checked: set[str] = set()
+        for path, entry in sorted(snap.manifest.items()):
+            sha = entry["sha256"]
+            if sha in checked:
+                continue
+            checked.add(sha)
+            blob = self.blob_path(sha)
+            if not blob.is_file():
+                problems.append(f"{path}: blob {sha[:16]}… missing from {self.objects}")
+                continue
+            if blob.stat().st_size != entry["size"]:
+                problems.append(f"{path}: blob {sha[:16]}… has {blob.stat().st_size} bytes, manifest says {entry['size']}")
+                continue
+            if _hash_path(blob) != sha:
+                problems.append(f"{path}: blob {sha[:16]}… content does not match its hash (corrupted)")
+        return problems
+
+    def repair(self, id_or_prefix: str | Snapshot, host: Host, progress: Progress | None = None) -> dict[str, Any]:
+        """Fetch the damaged or missing blobs of a snapshot again from its host (each verified against the
+        manifest on arrival: a file that changed on the host since cannot repair the snapshot, and is named)."""
+        from .take import repair
+
+        return repair(self, self.get(id_or_prefix) if isinstance(id_or_prefix, str) else id_or_prefix, host, progress)
+
+    def materialize(self, snapshot: Snapshot | str, dest: Path, paths: Iterable[str] | None = None, *,
+                    link: bool = False) -> list[str]:
+        """Write the snapshot's files (relative to site-packages) into ``dest``; returns the paths written.
+
+        Files are copies with the recorded mode, so the caller may edit them (patch sets do). ``link=True`` hard-links
+        the read-only blobs instead: faster, but the files are then read-only and shared with the store.
+        """
+        snap = snapshot if isinstance(snapshot, Snapshot) else self.get(snapshot)
+        manifest = snap.manifest
+        selected = sorted(manifest) if paths is None else list(paths)
+        dest = Path(dest)
+        made_dirs: set[Path] = set()
+        for rel in selected:
+            if rel not in manifest and rel not in snap.links:
+                raise InputError(f"snapshot {snap.id}: no file {rel!r} in its manifest")
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise InputError(f"snapshot {snap.id}: refusing path {rel!r} outside the destination")
+            target = dest / rel
+            if target.parent not in made_dirs:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                made_dirs.add(target.parent)
+            if rel in snap.links:
+                target.unlink(missing_ok=True)
+                os.symlink(snap.links[rel], target)
+                continue
+            entry = manifest[rel]
+            blob = self.blob_path(entry["sha256"])
+            data = self.read_blob(entry["sha256"], path=rel, snapshot_id=snap.id)
+            target.unlink(missing_ok=True)
+            if link:
+                try:
+                    os.link(blob, target)
+                    continue
+                except OSError:  # another filesystem (EXDEV) or no hard links there: copy instead
+                    pass
+            target.write_bytes(data)
+            os.chmod(target, entry["mode"])
+        return selected
+
+    def diff(self, a: Snapshot | str, b: Snapshot | str) -> dict[str, Any]:
+        """Files added, removed and changed from ``a`` to ``b``, and the facts that differ."""
+        sa = a if isinstance(a, Snapshot) else self.get(a)
+        sb = b if isinstance(b, Snapshot) else self.get(b)
+        ma, mb = sa.manifest, sb.manifest
+        changed = sorted(p for p in set(ma) & set(mb) if ma[p]["sha256"] != mb[p]["sha256"] or ma[p]["mode"] != mb[p]["mode"])
+        fa = {k: v for k, v in facts_mod.flatten(sa.facts).items() if k not in facts_mod.VOLATILE and k != "host"}
+        fb = {k: v for k, v in facts_mod.flatten(sb.facts).items() if k not in facts_mod.VOLATILE and k != "host"}
+        facts_diff = {k: {"a": fa.get(k), "b": fb.get(k)} for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+        return {
+            "a": {"id": sa.id, "host": sa.host, "version": sa.package_version},
+            "b": {"id": sb.id, "host": sb.host, "version": sb.package_version},
+            "added": sorted(set(mb) - set(ma)),
+            "removed": sorted(set(ma) - set(mb)),
+            "changed": changed,
+            "unchanged": len(set(ma) & set(mb)) - len(changed),
+            "facts": facts_diff,
+        }
+
+
+def _blob_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _hash_path(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(_READ):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_host_name(name: str) -> None:
+    if not name or name in _RESERVED or name.startswith(".") or "/" in name or "\0" in name:
+        raise InputError(f"host name {name!r} cannot name a snapshot directory (reserved, hidden or has '/')")
+
+
+__all__ = ["Snapshot", "SnapshotStore", "SnapshotStats", "Progress", "default_root", "manifest_digest"]

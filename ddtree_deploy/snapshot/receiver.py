@@ -1,0 +1,153 @@
+"""The snapshot's blob receiver: a separate process that reads the tar stream of blobs, hashes each on arrival and
+renames it into ``objects/`` only when it matches the manifest.
+
+It runs as its own process (``python -I -S <this file> JOB PROGRESS_FD``, stdlib only): paramiko decrypts in a
+thread of the control process, and per-file work there (open, write, rename: each releases the GIL) would queue
+behind it. Out of process it runs on its own CPU, which made the first snapshot of 0.5.23 (5,645 blobs) more than
+twice as fast. ``snapshot.transfer`` starts it and feeds it the stream on its stdin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sys
+import time
+from typing import Any
+
+
+def tar_entries(stream: Any) -> Any:
+    """Yield ``(name, typeflag, data)`` for each record of a tar stream (ustar, GNU long names, pax headers).
+
+    A small reader instead of ``tarfile``: the receiver spent most of its time in tarfile's generic header and
+    buffer handling (0.8 s of Python for 5,645 members); this keeps the per-member cost at a few slices. Header
+    checksums are verified; a stream that ends before the end-of-archive block raises EOFError.
+    """
+    def exact(n: int) -> bytes:
+        data = stream.read(n)
+        if len(data) != n:
+            raise EOFError(f"stream ended inside a tar record ({len(data)} of {n} bytes)")
+        return data
+
+    def pax_records(data: bytes) -> dict[str, str]:
+        out, pos = {}, 0
+        while pos < len(data):
+            space = data.index(b" ", pos)
+            length = int(data[pos:space])
+            key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+            out[key.decode()] = value.decode("utf-8", "surrogateescape")
+            pos += length
+        return out
+
+    long_name = None
+    pax: dict[str, str] = {}
+    while True:
+        header = stream.read(512)
+        if len(header) != 512:
+            raise EOFError("stream ended before the end-of-archive block")
+        if header == b"\0" * 512:
+            return
+        recorded = int(header[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+        if recorded != sum(header[:148]) + 256 + sum(header[156:]):
+            raise ValueError("corrupt tar header (checksum mismatch)")
+        flag = header[156:157]
+        field = header[124:136]
+        size = int.from_bytes(field[1:], "big") if field[0] & 0x80 else int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+        if "size" in pax and flag not in (b"x", b"g", b"L"):
+            size = int(pax["size"])
+        data = exact(size)
+        if size % 512:
+            exact(512 - size % 512)
+        if flag == b"L":
+            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        if flag == b"x":
+            pax = pax_records(data)
+            continue
+        if flag == b"g":
+            continue
+        name = header[:100].split(b"\0", 1)[0]
+        prefix = header[345:500].split(b"\0", 1)[0] if header[257:263] == b"ustar\0" else b""
+        text = (prefix + b"/" + name if prefix else name).decode("utf-8", "surrogateescape")
+        text = pax.get("path", long_name if long_name is not None else text)
+        long_name, pax = None, {}
+        yield text, flag, data
+
+
+def receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: Any,
+                   on_stored: Any = None) -> dict[str, Any]:
+    """Read a tar stream, storing each wanted regular file as ``objects/<sha256>`` once its hash matched.
+
+    Runs in a child process (this file run as a script: see ``main``). Member names are only looked up in
+    ``wanted``, never used as paths, so a hostile or broken host cannot write outside the store. A blob is written
+    under ``incoming/<pid>-<random>`` and renamed into place only after verification: a cut stream leaves at most
+    that temporary file, which is removed here or, if this process is killed, by the parent.
+    """
+    names: list[str] = []
+    total = 0
+    for name, flag, data in tar_entries(stream):
+        if flag not in (b"0", b"\0", b"7"):  # regular files only; directories and links were not asked for
+            continue
+        expected = wanted.get(name)
+        if expected is None:
+            raise ValueError(f"tar stream held a file that was not asked for: {name!r}")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != expected:
+            raise ValueError(f"{name} arrived with sha256 {digest[:16]}..., the manifest says {expected[:16]}...: "
+                             "it changed on the host during the snapshot; take it again")
+        tmp = os.path.join(incoming, f"{os.getpid()}-{secrets.token_hex(8)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)  # read-only from birth
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.replace(tmp, os.path.join(objects, expected))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        names.append(name)
+        total += len(data)
+        if on_stored is not None:
+            on_stored(total)
+    return {"stored": len(names), "bytes": total, "names": names}
+
+
+def main(argv: list[str]) -> None:
+    """``argv``: the job file (objects, incoming, wanted) and the fd of the progress pipe. Writes one JSON result
+    (stored, bytes, names; or error and kind) on stdout."""
+    data = open(0, "rb", buffering=1 << 20, closefd=False)
+    with open(argv[1]) as fh:
+        job = json.load(fh)
+    progress_fd = int(argv[2]) if len(argv) > 2 else None
+    last = 0.0
+
+    def stored(total: int) -> None:
+        # bytes of file content stored so far, on the progress pipe (at most every 50 ms): the parent's progress bar
+        # has a real total and ETA even when the wire carries compressed bytes
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= 0.05:
+            last = now
+            try:
+                os.write(progress_fd, b"%d\n" % total)  # type: ignore[arg-type]
+            except OSError:
+                pass
+
+    try:
+        result = receive_blobs(job["objects"], job["incoming"], job["wanted"], data,
+                               stored if progress_fd is not None else None)
+    except EOFError as exc:
+        result = {"error": "stream ended early: %s" % exc, "kind": "truncated"}
+    except Exception as exc:
+        result = {"error": str(exc), "kind": type(exc).__name__}
+    sys.stdout.write(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
