@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from .errors import DeployError, InputError, OperationFailed, is_cut
 from .inventory import Host
-from .probe import _first_state, ddtree_summary
+from .ddtree_stats import _first_state, ddtree_summary
 from .server import ServerControl, base_url, require_server
 from .spec_flags import budget_of, chain_flags, is_ddtree, with_budget
 from .transaction import Progress, Run, quiet, run_on_host

@@ -12,7 +12,8 @@ from .. import tune as tune_mod
 from ..console import emit_json, err, out, table
 from ..inventory import resolve_host
 from ._options import InventoryOpt, JsonOpt, complete_host
-from .deploy import _interruptible, _progress
+from ._writes import interruptible as _interruptible
+from ._writes import progress as _progress
 
 HostOpt = typer.Option(..., "--host", metavar="HOST", help="host name (or the path of its YAML file)",
                        autocompletion=complete_host)
