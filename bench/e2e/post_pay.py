@@ -27,9 +27,10 @@ def label(cfg: dict) -> str:
         return "plain"
     if algo == "chain":
         return "chain"
-    if cfg.get("schedule") or cfg.get("budget") is None:
-        return "ddtree-schedule"
-    return f"ddtree-b{cfg['budget']}"
+    budget = cfg.get("budget")
+    if budget is None or not str(budget).isdigit():  # -sched: the schedule's text (or auto)
+        return "ddtree-schedule" + ("-adapt" if cfg.get("adapt") else "")
+    return f"ddtree-b{budget}"
 
 
 def rows_of(res: dict) -> list[dict]:
@@ -90,6 +91,11 @@ def main() -> int:
                   f"rank-r candidate holds the target's token with probability P[r] at every depth. Expected tokens "
                   f"per round: chain {1 + ea['chain']:.2f}, "
                   + ", ".join(f"{k} {1 + v:.2f}" for k, v in ea.items() if k != "chain") + ".", ""]
+    schedules = sorted({str(t["config"].get("budget")) for t in table.values()
+                        if "config" in t and label(t["config"]).startswith("ddtree-schedule")})
+    if schedules:
+        out["schedules"] = schedules
+        lines += [f"ddtree-schedule = `--speculative-ddtree-budget {' / '.join(schedules)}`.", ""]
     for kind, title in (("controlled", "Controlled profile"), ("random_weights", "Random weights (cost side only)")):
         if not out[kind]:
             continue
