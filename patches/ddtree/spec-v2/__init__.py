@@ -12,6 +12,8 @@ Vendored into an overlay as ``sglang/srt/speculative/ddtree_v2/``; the base's ow
 - :mod:`.sampling`    one target token per tree node (argmax, or an independent draw from the request's law).
 - :mod:`.round`       the rest of a decode round after the draft forward: mask, verify, walk, KV commit, drafter
                       context, the result the overlap scheduler consumes.
+- :mod:`.hybrid`      hybrid GatedDeltaNet targets (0.5.17, patch 0004): each GDN layer's TARGET_VERIFY through
+                      the runtime's tree kernels, the accepted node's recurrent states committed, start-up checks.
 
 The tree algorithms themselves (top-k, best-first build, ancestor masks, walk, slot order) are the DDTree runtime
 vendored beside this package as ``sglang/srt/speculative/ddtree/``; nothing here synchronises with the host.
