@@ -78,8 +78,10 @@ GPU_CASES = [Case(1, 1), Case(1, 16, graph=True, pad=2), Case(16, 1, "chain"), C
              Case(16, 4, "ties", track=True), Case(64, 1, graph=True), Case(64, 16, "draft", track=True),
              Case(64, 8, "ties", graph=True, pad=1), Case(256, 1, "chain", graph=True), Case(256, 4),
              Case(256, 16, graph=True, track=True)]
-CPU_CASES = [Case(1, 2, graph=True, pad=1), Case(16, 4, "chain", track=True), Case(16, 16, "ties", graph=True, pad=2),
-             Case(64, 3, graph=True), Case(64, 2, "ties", track=True), Case(256, 1)]
+#: CPU (interpreted): every budget once, batch 16 at budget 1, the deepest chain with a track slot, ties with padded
+#: graph rows, budget 256 as one small case.
+CPU_CASES = [Case(1, 16, graph=True, pad=2), Case(16, 4, "chain", track=True), Case(16, 3, "ties", graph=True, pad=1),
+             Case(64, 2, graph=True, track=True), Case(256, 1)]
 
 
 # ------------------------------------------------------------------------------------------------ base classes
@@ -249,7 +251,7 @@ def walk_to(rt, tree, gen, vocab=64, deepest=False):
         if deepest:
             node = int(tree.depth[b, :valid].cpu().argmax())
         p = paths(parent[b].tolist())[node]
-        for u, w in zip(p[:-1], p[1:]):
+        for u, w in zip(p[:-1], p[1:], strict=True):
             target[b, u] = token[b, w]
         children = set(token[b][parent[b] == node].tolist())
         target[b, node] = next(t for t in range(vocab + 100, vocab + 200) if t not in children)
@@ -313,7 +315,7 @@ def run_case(B, case: Case, shapes: dict, device: str, dtype=torch.bfloat16) -> 
     res = {"case": case.name, "max_out_err": 0.0, "max_state_err": 0.0, "window_exact": True}
     t0 = time.perf_counter()
     outs = []
-    for li, layer in enumerate(lay):
+    for layer in lay:
         o = gdn.forward_extend(layer, fb, mixed_qkv=x, a=a, b=bb)  # patch 0004 -> TreeVerify.forward
         assert tuple(o.shape) == (1, rows * n1, hv, vd) and o.dtype == dtype
         outs.append(o)

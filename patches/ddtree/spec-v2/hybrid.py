@@ -44,7 +44,7 @@ MAX_HYBRID_BUDGET = 1024
 #: Linear-attention backend classes of SGLang 0.5.17 -> the family they serve (for the refusal message).
 OTHER_FAMILIES = {
     "Mamba2AttnBackend": "Mamba2 (Nemotron-H, Falcon-H1, ...)",
-    "LightningAttnBackend": "lightning attention (MiniMax)",
+    "LightningAttentionBackend": "lightning attention (seg_la)",
     "KDAAttnBackend": "Kimi delta attention (KDA, Kimi-Linear)",
     "ShortConvAttnBackend": "short convolution (LFM2, ZAYA1)",
 }
@@ -191,13 +191,12 @@ def target_problems(model_runner: Any) -> list[str]:
     if linear is None:
         return [f"the hybrid attention backend {type(backend).__name__} (no linear-attention backend to branch)"]
     name = type(linear).__name__
-    if name in OTHER_FAMILIES:
-        return [f"{OTHER_FAMILIES[name]} layers ({name}): DDTree branches GatedDeltaNet layers only"]
+    if not _is_gdn(linear):
+        family = OTHER_FAMILIES.get(name, "linear-attention")
+        return [f"{family} layers ({name}): DDTree branches the recurrent state of GatedDeltaNet layers only"]
     if not hasattr(linear, "ddtree"):
-        return [f"hybrid linear-attention targets on this SGLang ({name}): DDTree branches GatedDeltaNet state on "
-                "SGLang 0.5.17 only (patch 0004)"]
-    if name != "GDNAttnBackend" and not _is_gdn(linear):
-        return [f"the linear-attention backend {name} (DDTree branches GatedDeltaNet layers only)"]
+        return [f"hybrid GatedDeltaNet targets on this SGLang ({name}): DDTree branches their recurrent state on "
+                "SGLang 0.5.17 only (its patch 0004)"]
     problems = []
     if linear.ddtree is None:
         problems.append("a GDN backend built without DDTree's tree verify (the patch set is incomplete)")
