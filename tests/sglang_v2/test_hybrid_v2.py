@@ -322,3 +322,76 @@ def test_hooks_sit_where_the_base_reads_them(v2_trees):
         "update_mamba_state_after_mtp_verify(")
     for old in ("0.5.14", "0.5.15", "0.5.16"):
         assert "ddtree" not in (v2_trees(old) / "sglang/srt/layers/attention/linear/gdn_backend.py").read_text()
+
+
+# ------------------------------------------------------------------------------------------ 5. the 27B shape
+
+Q36 = r'''
+import json, sys
+from sglang.srt import server_args as _S
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
+from sglang.srt.speculative.dflash_utils import get_dflash_layer_types, parse_dflash_draft_config
+from sglang.srt.speculative.ddtree_v2 import hybrid
+
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+tgt, drf = sys.argv[1], sys.argv[2]
+sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy", "--attention-backend",
+                          "triton", "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
+                          "--speculative-draft-model-path", drf, "--speculative-ddtree-budget", "16",
+                          "--mamba-radix-cache-strategy", "extra_buffer", "--max-running-requests", "16",
+                          "--mamba-full-memory-ratio", "8.0"])
+get_context().set_server_args(sa)
+# one-rank stand-ins for the process groups the state-size code asks for its TP size (world of one: TP 1)
+import types
+from sglang.srt.distributed import parallel_state as ps
+_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
+                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
+                           unique_name="one")
+for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
+    setattr(ps, n, _g)
+mc = ModelConfig.from_server_args(sa)
+dc = ModelConfig.from_server_args(sa, model_path=drf, is_draft_model=True)
+gdn = hybrid_gdn_config(mc)
+params = mambaish_config(mc).mamba2_cache_params
+draft = parse_dflash_draft_config(draft_hf_config=dc.hf_config)
+per_req = int(params.mamba_cache_per_req)
+fits = {r: hybrid.max_budget(total_rest_gib=65.0, per_req_bytes=per_req, max_running_requests=r, slots_per_req=5,
+                             mamba_share=8 / 9)[0] for r in (1, 2, 4, 8, 16)}
+print("RESULT" + json.dumps({
+    "arch": mc.hf_config.architectures, "n1": sa.speculative_num_draft_tokens, "block": sa.speculative_dflash_block_size,
+    "gdn": gdn is not None, "linear_layers": len(params.layers), "per_req": per_req,
+    "heads": [gdn.linear_num_key_heads, gdn.linear_num_value_heads, gdn.linear_key_head_dim, gdn.linear_value_head_dim,
+              gdn.linear_conv_kernel_dim], "hidden": gdn.hidden_size, "layers": gdn.num_hidden_layers,
+    "ssm_dtype": str(params.dtype.temporal), "draft_layer_types": list(get_dflash_layer_types(dc.hf_config)),
+    "draft_block": draft.block_size, "target_layer_ids": list(draft.target_layer_ids or []),
+    "mask_id": draft.mask_token_id, "fits": fits}))
+'''
+
+
+def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tmp_path: Path):
+    """The e2e 27B-shape models (bench/e2e/mk_shapes.py) as SGLang 0.5.17 reads them, and the budgets the e2e
+    configurations pair with each max-running-requests value fitting the start-up check's arithmetic."""
+    import subprocess
+    import sys
+
+    base = tmp_path / "base"
+    (base / "tiny-qwen3").mkdir(parents=True)
+    subprocess.run([sys.executable, str(REPO / "bench/e2e/mk_shapes.py"), str(tmp_path / "m"), str(base)], check=True,
+                   capture_output=True)
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, Q36, str(tmp_path / "m/q36-target"),
+                             str(tmp_path / "m/q36-dflash"), fake_cuda=True))
+    assert got["arch"] == ["Qwen3_5ForConditionalGeneration"] and got["gdn"]
+    assert (got["layers"], got["hidden"], got["linear_layers"]) == (64, 5120, 48)
+    assert got["heads"] == [16, 48, 128, 128, 4]
+    assert got["ssm_dtype"] == "torch.float32"
+    assert got["per_req"] == 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 3 * 2)
+    assert (got["n1"], got["block"], got["draft_block"]) == (17, 16, 16)
+    assert got["draft_layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert got["target_layer_ids"] == [1, 16, 31, 46, 61] and got["mask_id"] == 248070
+    fits = {int(k): v for k, v in got["fits"].items()}
+    # the e2e q36 configurations (bench/e2e/hybrid17.sh): b16 at 16 requests, b32 at 8, b64 at 4, b128 at 1
+    assert fits[16] >= 16 and fits[8] >= 32 and fits[4] >= 64 and fits[1] >= 128
+    assert fits[16] < 32 and fits[8] < 64 and fits[4] < 128, "the cells left out really do not fit"
