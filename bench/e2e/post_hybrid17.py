@@ -104,9 +104,8 @@ def lossless_section(rs: dict) -> list[dict]:
 def _fits_from_logs(raw: Path) -> dict[str, dict]:
     out = {}
     for log in sorted((raw / "logs").glob("q36-*.log")):
-        m = None
-        for m in FITS.finditer(log.read_text(errors="replace")):
-            pass
+        found = list(FITS.finditer(log.read_text(errors="replace")))
+        m = found[-1] if found else None
         if m:
             out[log.stem] = {"budget": int(m.group(1)), "largest_fit": int(m.group(2)), "max_running": int(m.group(3))}
         else:

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from v2_helpers import REPO, run_python
+from v2_helpers import REPO, model_dirs, run_python
 
 HARNESS = REPO / "tests" / "gpu" / "test_hybrid_v2_kernels_gpu.py"
 NEXT_TARGET = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=512, hidden_size=128,
@@ -256,16 +256,12 @@ print("RESULT" + json.dumps(out))
 @pytest.fixture(scope="module")
 def hybrid_args(v2_trees, tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("hybrid-args")
-    tgt, drf = work / "tgt", work / "drf"
-    tgt.mkdir()
-    drf.mkdir()
-    (tgt / "config.json").write_text(json.dumps(NEXT_TARGET))
-    (drf / "config.json").write_text(json.dumps(dict(
+    tgt, drf = model_dirs(work, NEXT_TARGET, dict(
         architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
         intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         layer_types=["full_attention"], num_target_layers=4, block_size=16, max_position_embeddings=4096,
         rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16", tie_word_embeddings=False,
-        dflash_config={"block_size": 16, "target_layer_ids": [0, 2], "mask_token": "<|mask|>", "mask_token_id": 3})))
+        dflash_config={"block_size": 16, "target_layer_ids": [0, 2], "mask_token": "<|mask|>", "mask_token_id": 3}))
     return _result(run_python(v2_trees("0.5.17"), work, ARGS, str(tgt), str(drf), fake_cuda=True))
 
 
