@@ -238,13 +238,6 @@ def _is_gdn(linear: Any) -> bool:
     return isinstance(linear, GDNAttnBackend)
 
 
-def describe(model_runner: Any) -> str:
-    cache = model_runner.req_to_token_pool.mamba_pool.mamba_cache
-    layers, rows, n1 = cache.intermediate_ssm.shape[:3]
-    return (f"GatedDeltaNet hybrid: {layers} recurrent layers, per-node states for {rows - 1} requests x {n1} nodes "
-            f"({cache.intermediate_ssm.dtype} SSM, {cache.intermediate_conv_window[0].dtype} conv)")
-
-
 def max_budget(*, total_rest_gib: float, per_req_bytes: int, max_running_requests: int, slots_per_req: int = 1,
                mamba_share: float = 1.0) -> tuple[int, int, int]:
     """(largest budget that fits, bytes available for per-node states, bytes per tree node) for the base's pool.
