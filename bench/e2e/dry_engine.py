@@ -128,7 +128,7 @@ class DryEngine:
         assert self._prof_dir is not None, "stop_profile without start_profile"
         path = self._prof_dir / f"{time.time()}-TP-0.trace.json.gz"
         with gzip.open(path, "wt") as fh:
-            json.dump({"traceEvents": synthetic_round_trace(self._last_rounds)}, fh)
+            json.dump({"traceEvents": synthetic_round_trace(self._last_rounds, gdn_kernels(self.cfg))}, fh)
         self._prof_dir = None
 
     def shutdown(self) -> None:
@@ -157,9 +157,31 @@ ROUND = ("sglang/srt/speculative/dflash_worker.py(1234): forward_batch_generatio
     [])
 
 
-def synthetic_round_trace(rounds: int, pid: int = 1, tid: int = 1) -> list[dict]:
-    """Chrome-trace events of `rounds` DDTree rounds: host frames 10 us apart, GPU kernels back to back."""
+def gdn_kernels(cfg: dict) -> list[tuple[str, float]]:
+    """The GatedDeltaNet verify kernels a hybrid target's round launches (names as SGLang 0.5.17 / the DDTree runtime
+    give them; bench/e2e/gdn_share.py groups them), per GDN layer; none for dense targets."""
+    if cfg["modelset"] not in ("hyb", "hyblive", "q36"):
+        return []
+    layers = 48 if cfg["modelset"] == "q36" else 3
+    if cfg["algo"] == "ddtree":
+        per = [("_tree_conv_kernel", 3.0), ("fused_gdn_gating_kernel", 1.0), ("_tree_gdn_kernel", 6.0)]
+        commit = [("_commit_kernel", 4.0)]
+    else:
+        per = [("_causal_conv1d_update_kernel", 2.0), ("fused_sigmoid_gating_delta_rule_update_kernel", 4.0)]
+        commit = [("fused_mamba_state_scatter_with_mask_kernel", 2.0)]
+    return per * layers + commit
+
+
+def synthetic_round_trace(rounds: int, gdn: list[tuple[str, float]] | None = None, pid: int = 1,
+                          tid: int = 1) -> list[dict]:
+    """Chrome-trace events of `rounds` DDTree rounds: host frames 10 us apart, GPU kernels back to back; ``gdn``:
+    extra kernels launched in the round's target forward (a hybrid target's GatedDeltaNet verify)."""
     ev: list[dict] = []
+    round_ = ROUND
+    if gdn:
+        name, children, launches = ROUND
+        children = [(n, c, ll + list(gdn)) if "tp_worker" in n else (n, c, ll) for n, c, ll in children]
+        round_ = (name, children, launches)
     state = {"t": 0.0, "gpu": 0.0, "corr": 0}
 
     def emit(node: tuple) -> None:
@@ -182,5 +204,5 @@ def synthetic_round_trace(rounds: int, pid: int = 1, tid: int = 1) -> list[dict]
                    "dur": state["t"] - start, "args": {}})
 
     for _ in range(rounds):
-        emit(ROUND)
+        emit(round_)
     return ev

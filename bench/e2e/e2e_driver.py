@@ -16,12 +16,18 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             hyblive: bench/e2e/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
+            q8b   : bench/e2e/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
+            q36   : bench/e2e/mk_shapes.py (Qwen3.6-27B shape: GatedDeltaNet + gated attention hybrid served as
+                    Qwen3_5ForConditionalGeneration, text only; z-lab Qwen3.6-27B-DFlash drafter shape; dummy weights)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
   -sched    (ddtree, 0.5.17) --speculative-ddtree-budget $E2E_DDTREE_SCHEDULE (default auto: the built-in
             cost model's batch-size schedule)
   -adapt    (ddtree, 0.5.17) --speculative-ddtree-adapt: the schedule adapted online
   -graph    CUDA graphs on (default: --disable-cuda-graph)
+  -mrrN     --max-running-requests N (default 32; dummy models: timed batches above N are left out)
+  -noradix  hybrid targets on 0.5.17 without the radix cache (default there: radix cache on with the base's
+            extra_buffer mamba strategy, as for speculative decoding on hybrids)
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
             bench/e2e/round_share.py
@@ -53,13 +59,14 @@ MODELSETS = {
     "hyblive": ("live-next", "live-next-dflash"),
     "q8b": ("q8b-target", "q8b-dflash"),  # Qwen3-8B shape + z-lab b16 drafter shape, --load-format dummy
     "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (mk_profile.py)
+    "q36": ("q36-target", "q36-dflash"),  # Qwen3.6-27B shape + z-lab Qwen3.6-27B-DFlash shape, --load-format dummy
 }
-DUMMY_MODELSETS = ("q8b", "prof")
+DUMMY_MODELSETS = ("q8b", "prof", "q36")
 #: Model sets whose speed workloads sample (temperature 1): the `prof` profile is a law over tokens, not a function.
 SAMPLED_SPEED_MODELSETS = {"prof": 1.0}
 #: Which SGLang the run serves: 0.5.11 (spec-v1 DFlashWorker) or 0.5.17 (spec-v2 DFlashWorkerV2, overlap on).
 BASE = os.environ.get("E2E_BASE", "0.5.11")
-HYBRID_MODELSETS = ("hyb", "hyblive")
+HYBRID_MODELSETS = ("hyb", "hyblive", "q36")
 BATCHES = (1, 4, 16)
 MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
 SAMPLE_T = float(os.environ.get("E2E_SAMPLE_T", "2.5"))
@@ -101,6 +108,8 @@ def parse(name: str) -> dict:
             cfg["profile"] = True
         elif p.startswith("mrr"):
             cfg["max_running"] = int(p[3:])  # e.g. to provoke the hybrid budget-memory start-up error
+        elif p == "noradix":
+            cfg["noradix"] = True
     return cfg
 
 
@@ -120,9 +129,12 @@ def engine_kwargs(cfg: dict) -> dict:
     if cfg["modelset"].endswith("f32"):
         kw["dtype"] = "float32"
     if cfg["modelset"] in HYBRID_MODELSETS:
-        # Speculative decoding on SGLang 0.5.11 hybrid targets needs the radix cache off; the AR baseline runs
-        # the same way so that both sides differ only in speculative decoding.
-        kw["disable_radix_cache"] = True
+        if BASE == "0.5.11" or cfg.get("noradix"):
+            # Speculative decoding on SGLang 0.5.11 hybrid targets needs the radix cache off; the AR baseline runs
+            # the same way so that both sides differ only in speculative decoding.
+            kw["disable_radix_cache"] = True
+        else:  # 0.5.14+: the radix cache with the mamba strategy the base uses for speculative decoding
+            kw["mamba_radix_cache_strategy"] = "extra_buffer"
     if os.environ.get("E2E_KV_SPLITS"):
         # The triton decode kernel splits the KV sum into a batch-dependent number of pieces; one split makes the
         # AR baseline's summation order independent of the batch (bf16 near-ties then cannot flip with batch size).
@@ -146,8 +158,19 @@ def engine_kwargs(cfg: dict) -> dict:
     if cfg["modelset"] in DUMMY_MODELSETS:
         kw["load_format"] = "dummy"
         kw["skip_tokenizer_init"] = True
-        kw["max_running_requests"] = max(kw["max_running_requests"], max(SPEED_BATCHES))
+        if "max_running" not in cfg:
+            kw["max_running_requests"] = max(kw["max_running_requests"], max(SPEED_BATCHES))
         kw["mem_fraction_static"] = float(os.environ.get("E2E_MEM_FRACTION_BIG", "0.22"))
+    if cfg["modelset"] == "q36":
+        # 27B of weights, then the recurrent states: most of the GPU, most of the rest to the mamba pool (its
+        # per-step verify scratch grows with the verify width), text only (no image processor), graphs for the
+        # timed batches only.
+        kw["mem_fraction_static"] = float(os.environ.get("E2E_MEM_FRACTION_Q36", "0.88"))
+        kw["mamba_full_memory_ratio"] = float(os.environ.get("E2E_MAMBA_RATIO_Q36", "8.0"))
+        kw["enable_multimodal"] = False
+        if cfg["graph"] and BASE != "0.5.11":
+            kw["cuda_graph_bs_decode"] = list(speed_batches(cfg))
+            kw.pop("cuda_graph_max_bs_decode", None)
     if cfg["algo"] in ("chain", "ddtree"):
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
     if cfg["algo"] == "ddtree":
@@ -155,6 +178,12 @@ def engine_kwargs(cfg: dict) -> dict:
         if cfg.get("adapt"):
             kw["speculative_ddtree_adapt"] = True
     return kw
+
+
+def speed_batches(cfg: dict) -> tuple[int, ...]:
+    """The timed batches of a configuration: E2E_SPEED_BATCHES, without those above its -mrrN."""
+    cap = cfg.get("max_running")
+    return tuple(b for b in SPEED_BATCHES if cap is None or b <= cap) or (min(SPEED_BATCHES),)
 
 
 def _meta(m: dict) -> dict:
@@ -174,7 +203,7 @@ def generate(engine, ps, sp) -> tuple[list, float]:
     return outs, dt
 
 
-def profile_rounds(engine, profdir: Path, name: str) -> dict:
+def profile_rounds(engine, profdir: Path, name: str, cfg: dict | None = None) -> dict:
     """SGLang's own torch profiler (scheduler process) around PROF_TOKENS greedy tokens per batch size.
 
     Python stacks are on (SGLang's default) so that bench/e2e/round_share.py can attribute every GPU kernel to the
@@ -182,7 +211,8 @@ def profile_rounds(engine, profdir: Path, name: str) -> dict:
     """
     out: dict = {}
     sp = {"temperature": 0.0, "max_new_tokens": PROF_TOKENS, "ignore_eos": True}
-    for bs in PROF_BATCHES:
+    cap = (cfg or {}).get("max_running")
+    for bs in [b for b in PROF_BATCHES if cap is None or b <= cap] or [1]:
         d = profdir / f"{name}-bs{bs}"
         d.mkdir(parents=True, exist_ok=True)
         try:
@@ -254,11 +284,11 @@ def run_one(name: str, outdir: Path) -> int:
                                                 "output_ids": outs_all, "meta": meta_all}
         if cfg["graph"] or speed_only or os.environ.get("E2E_SPEED") == "1":
             with speed_turn(outdir):
-                res["workloads"].update(speed_workloads(engine))
+                res["workloads"].update(speed_workloads(engine, speed_batches(cfg)))
         if cfg["profile"]:
             # Checkpoint first: a profiler that hangs until the orchestrator's deadline must not cost the rest.
             (outdir / f"{name}.json").write_text(json.dumps({**res, "checkpoint": "before profiling"}, indent=1))
-            res["workloads"]["profile"] = profile_rounds(engine, outdir / "prof", name)
+            res["workloads"]["profile"] = profile_rounds(engine, outdir / "prof", name, cfg)
         res["ok"] = True
     except BaseException as e:  # noqa: BLE001
         import traceback
@@ -284,7 +314,8 @@ class speed_turn:  # noqa: N801 - a context manager used like a function
     but only the holder of OUTDIR/speed.lock measures, so no measurement shares the GPU with another."""
 
     def __init__(self, outdir: Path):
-        self.path = outdir / "speed.lock"
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES")  # one lock per GPU when configurations are spread (E2E_GPUS)
+        self.path = outdir / (f"speed-gpu{gpu}.lock" if os.environ.get("E2E_GPUS") and gpu else "speed.lock")
 
     def __enter__(self):
         import fcntl
@@ -301,8 +332,9 @@ class speed_turn:  # noqa: N801 - a context manager used like a function
         return False
 
 
-def speed_workloads(engine) -> dict:
-    """Timed batches (ignore_eos; greedy, or temperature E2E_SPEED_T) at E2E_SPEED_BATCHES, 3 reps each, prompts of E2E_SPEED_PROMPT_LEN tokens
+def speed_workloads(engine, batches: tuple[int, ...] = SPEED_BATCHES) -> dict:
+    """Timed batches (ignore_eos; greedy, or temperature E2E_SPEED_T) at E2E_SPEED_BATCHES, E2E_SPEED_REPS reps each
+    (default 3), prompts of E2E_SPEED_PROMPT_LEN tokens
     (default: the short fixed prompts). Each rep caches the prompts (a 1-token call), then generates
     E2E_SPEED_TOKENS / 4 and E2E_SPEED_TOKENS tokens after one new token each: both calls pay the same fixed cost
     (a 1-token prefill, scheduling), so round milliseconds = (T_long - T_short) / (rounds_long - rounds_short), with
@@ -322,8 +354,8 @@ def speed_workloads(engine) -> dict:
     def rounds_of(meta: list[dict]) -> int:
         return max((m.get("spec_verify_ct") or (m.get("completion_tokens", 1) - 1)) for m in meta)
 
-    generate(engine, batch(min(16, max(SPEED_BATCHES)), 7), {**sp, "max_new_tokens": 16})  # warm-up
-    for bs in SPEED_BATCHES:
+    generate(engine, batch(min(16, max(batches)), 7), {**sp, "max_new_tokens": 16})  # warm-up
+    for bs in batches:
         runs = []
         for rep in range(int(os.environ.get("E2E_SPEED_REPS", "3"))):
             ps = batch(bs, 99 + rep)
@@ -370,15 +402,32 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
     return env
 
 
+def gpu_slot(name: str, running: dict, workers: int, gpus: list[str]) -> str | None:
+    """Where configuration ``name`` may start now ("" = wherever CUDA_VISIBLE_DEVICES already points), or None.
+
+    One GPU (E2E_GPUS unset or one entry): up to ``workers`` configurations share it. Several GPUs: configurations of
+    the large dummy-weight model sets get a GPU of their own among all but the first (one at a time each); the
+    others share the first GPU, up to ``workers`` at once."""
+    if len(gpus) < 2:
+        return (gpus[0] if gpus else "") if len(running) < workers else None
+    big = parse(name)["modelset"] in DUMMY_MODELSETS
+    if not big:
+        small = sum(1 for _, _, g in running.values() if g == gpus[0])
+        return gpus[0] if small < workers else None
+    busy = {g for _, _, g in running.values()}
+    return next((g for g in gpus[1:] if g not in busy), None)
+
+
 def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float, stagger_s: float) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     logs = outdir / "logs"
     logs.mkdir(exist_ok=True)
     t0 = time.time()
     queue = list(names)
-    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    gpus = [g for g in os.environ.get("E2E_GPUS", "").split(",") if g]
+    running: dict[str, tuple[subprocess.Popen, float, str]] = {}
     while queue or running:
-        for n, (p, ts) in list(running.items()):
+        for n, (p, ts, _) in list(running.items()):
             if p.poll() is not None:
                 print(f"[{time.time() - t0:6.1f}s] done {n} rc={p.returncode} ({time.time() - ts:.1f}s)", flush=True)
                 del running[n]
@@ -386,14 +435,25 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
                 p.kill()
                 print(f"[{time.time() - t0:6.1f}s] killed {n} (deadline)", flush=True)
                 del running[n]
-        while queue and len(running) < workers and time.time() - t0 < deadline_s - 60:
-            n = queue.pop(0)
-            f = open(logs / f"{n}.log", "w")
-            p = subprocess.Popen([sys.executable, __file__, "run", n, str(outdir)], stdout=f, stderr=subprocess.STDOUT,
-                                 start_new_session=False, env=config_env(parse(n), outdir))
-            running[n] = (p, time.time())
-            print(f"[{time.time() - t0:6.1f}s] start {n}", flush=True)
-            time.sleep(stagger_s)
+        started = True
+        while queue and started and time.time() - t0 < deadline_s - 60:
+            started = False
+            for n in list(queue):
+                gpu = gpu_slot(n, running, workers, gpus)
+                if gpu is None:
+                    continue
+                queue.remove(n)
+                env = config_env(parse(n), outdir)
+                if gpu:
+                    env["CUDA_VISIBLE_DEVICES"] = gpu
+                f = open(logs / f"{n}.log", "w")
+                p = subprocess.Popen([sys.executable, __file__, "run", n, str(outdir)], stdout=f,
+                                     stderr=subprocess.STDOUT, start_new_session=False, env=env)
+                running[n] = (p, time.time(), gpu)
+                print(f"[{time.time() - t0:6.1f}s] start {n}" + (f" on GPU {gpu}" if gpu else ""), flush=True)
+                started = True
+                time.sleep(stagger_s)
+                break
         if not queue and not running:
             break
         if queue and time.time() - t0 >= deadline_s - 60 and not running:

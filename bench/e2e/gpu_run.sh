@@ -13,7 +13,10 @@
 # is killed (its JSON may hold a checkpoint).
 # $OUT: setup.log (install + model making), orchestrate-TAG.log (ends with the setup/phase/total times), TAG.json,
 # TAG.md, TAG-raw.tgz (results, logs, the agree target's weights), and for `-prof` configurations
-# TAG-round-share.json (bench/e2e/round_share.py, run here) and TAG-prof.tgz (the traces, if under 15 MB).
+# TAG-round-share.json (bench/e2e/round_share.py), TAG-gdn-share.json (bench/e2e/gdn_share.py: the GatedDeltaNet
+# verify's share of the round) and TAG-prof.tgz (the traces, if under 15 MB).
+# E2E_GPUS=0,1,2,3: spread the configurations over these GPUs (dummy-weight model sets one per GPU on all but the first,
+# the others on the first; e2e_driver.py gpu_slot).
 set -u
 TAG=$1; CONFIGS=$2; SEQ=${3:-}
 export E2E_BASE=${E2E_BASE:-0.5.11}
@@ -39,7 +42,7 @@ fi
   set -e
   [ -d /tmp/models/agree-qwen3 ] || { python3 "$B/mk_models.py" /tmp/models; python3 bench/e2e/mk_agree.py /tmp/models /tmp/models; }
   if needs big; then python3 bench/e2e/mk_big.py /tmp/models /tmp/models; fi
-  if needs q8b && [ ! -d /tmp/models/q8b-target ]; then python3 bench/e2e/mk_shapes.py /tmp/models /tmp/models; fi
+  if { needs q8b || needs q36; } && [ ! -d /tmp/models/q36-target ]; then python3 bench/e2e/mk_shapes.py /tmp/models /tmp/models; fi
   if needs prof && [ ! -d /tmp/models/prof-target ]; then python3 bench/e2e/mk_profile.py /tmp/models /tmp/models; fi
   if needs hyb && [ ! -d /tmp/models/tiny-next ]; then python3 "$B/mk_hybrid.py" /tmp/models /tmp/models; fi
   if needs hyblive && [ ! -d /tmp/models/live-next ]; then python3 bench/e2e/mk_hybrid_live.py /tmp/models /tmp/models; fi
@@ -51,6 +54,24 @@ python3 -c "import torch, sglang, sglang.srt.speculative.ddtree as rt, $GLUE as 
 python3 bench/e2e/expected_acceptance.py /tmp/overlay "$OUT/expected-acceptance.json" > /dev/null 2>&1 || echo "expected_acceptance failed"
 # Byte-compile the whole overlay and bundle once (seconds on all cores) instead of in every Engine process at once.
 python3 -m compileall -q -j 0 /tmp/overlay/sglang /tmp/site >/dev/null 2>&1; python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang/srt/server_args.py >/dev/null || echo "compileall failed"
+fi
+# E2E_KERNEL_CHECK=1: the 0.5.17 hybrid tree-verify check (tests/gpu/test_hybrid_v2_kernels_gpu.py) in the background
+# on GPU E2E_KERNEL_GPU (default: the first of E2E_GPUS, else 0), beside the configurations; $OUT/hybrid_v2_kernels.*
+KC=
+if [ "${E2E_KERNEL_CHECK:-0}" = 1 ]; then
+  G=${E2E_GPUS:-}; KGPU=${E2E_KERNEL_GPU:-${G%%,*}}; KGPU=${KGPU:-0}
+  if [ "$DRY" = 1 ]; then  # CPU: the interpreter smoke, when a patched sglang is importable (E2E_DRY_SGLANG=PYTHONPATH)
+    if [ -n "${E2E_DRY_SGLANG:-}" ]; then
+      ( PYTHONPATH=$E2E_DRY_SGLANG${PYTHONPATH:+:$PYTHONPATH} python3 tests/gpu/test_hybrid_v2_kernels_gpu.py --cpu-smoke \
+          --cases "${E2E_DRY_KERNEL_CASES:-b1-bs16-draft-graph-pad2}" --out "$OUT/hybrid_v2_kernels.json" \
+          > "$OUT/hybrid_v2_kernels.log" 2>&1 ) & KC=$!
+    else
+      echo '{"skipped": "dry run: no patched sglang to import (set E2E_DRY_SGLANG)"}' > "$OUT/hybrid_v2_kernels.json"
+    fi
+  else
+    ( CUDA_VISIBLE_DEVICES=$KGPU python3 tests/gpu/test_hybrid_v2_kernels_gpu.py --out "$OUT/hybrid_v2_kernels.json" \
+        > "$OUT/hybrid_v2_kernels.log" 2>&1 ) & KC=$!
+  fi
 fi
 wait $MK || { echo "model making failed"; tail -20 "$OUT/setup.log"; exit 3; }
 grep -E "^ok " "$OUT/setup.log" | cut -c1-200
@@ -70,6 +91,7 @@ if [ -n "$SEQ" ]; then
   E2E_WORKERS=${E2E_SEQ_WORKERS:-1} E2E_DEADLINE=$DL python3 bench/e2e/e2e_driver.py orchestrate $R "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
   echo "sequential phase done at $(elapsed)s (deadline ${DL}s)" | tee -a "$OUT/orchestrate-$TAG.log"
 fi
+if [ -n "$KC" ]; then wait $KC; echo "kernel check rc=$? at $(elapsed)s: $(tail -1 "$OUT/hybrid_v2_kernels.log" 2>/dev/null)" | tee -a "$OUT/orchestrate-$TAG.log"; fi
 python3 bench/e2e/e2e_driver.py report $R "$OUT/$TAG" > /dev/null
 cat "$OUT/$TAG.md"
 mkdir -p $R/models && for m in agree-qwen3 big-qwen3 prof-target; do  # small files that let the post-processing use the served weights
@@ -78,6 +100,7 @@ mkdir -p $R/models && for m in agree-qwen3 big-qwen3 prof-target; do  # small fi
 done
 if [ -d $R/prof ]; then
   python3 bench/e2e/round_share.py $R "$OUT/$TAG-round-share.json" || echo "round_share failed"
+  python3 bench/e2e/gdn_share.py $R "$OUT/$TAG-gdn-share.json" || echo "gdn_share failed"
   tar cf "$OUT/$TAG-prof.tgz" -C $R prof
   [ $(stat -c %s "$OUT/$TAG-prof.tgz") -le 15000000 ] || { echo "traces too large to return: $(du -sh $R/prof)"; rm -f "$OUT/$TAG-prof.tgz"; }
 fi

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from v2_helpers import TRAITS, run_python
+from v2_helpers import TRAITS, model_dirs, run_python
 
 TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=512, hidden_size=64,
               intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -102,14 +102,10 @@ print("RESULT" + json.dumps(out))
 def run_with_models(tree: Path, work: Path, script: str) -> dict:
     """``script`` in the patched ``tree`` (fake sm90 CUDA) with a tiny target and block-4 drafter config as its
     two arguments; its RESULT line, parsed."""
-    tgt, drf = work / "tgt", work / "drf"
-    tgt.mkdir()
-    drf.mkdir()
-    (tgt / "config.json").write_text(json.dumps(TARGET))
-    (drf / "config.json").write_text(json.dumps(dict(
+    tgt, drf = model_dirs(work, TARGET, dict(
         TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
         num_target_layers=4, block_size=4, dflash_config={"block_size": 4, "target_layer_ids": [0, 2],
-                                                          "mask_token": "<|mask|>", "mask_token_id": 3})))
+                                                          "mask_token": "<|mask|>", "mask_token_id": 3}))
     r = run_python(tree, work, script, str(tgt), str(drf), fake_cuda=True)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"

@@ -144,6 +144,15 @@ def build_patched(version: str, dest: Path) -> Path:
     return dest
 
 
+def model_dirs(work: Path, target: dict, drafter: dict) -> tuple[Path, Path]:
+    """A target and a drafter folder holding only their config.json (server arguments read no more)."""
+    tgt, drf = work / "tgt", work / "drf"
+    for d, cfg in ((tgt, target), (drf, drafter)):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    return tgt, drf
+
+
 def stand_ins(dest: Path, *, fake_cuda: bool = False) -> list[str]:
     """PYTHONPATH entries with the stand-ins (torchvision, xgrammar; fake CUDA as sitecustomize when asked)."""
     write_torchvision_stub(dest / "stub")

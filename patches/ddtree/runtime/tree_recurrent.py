@@ -10,7 +10,8 @@ the plain-torch reference in this file (``impl`` = "auto" | "triton" | "torch", 
 2. :func:`tree_gated_delta_rule` - the GatedDeltaNet recurrence where each node starts from its parent's state
    (the root, and any node with parent -1, from the request's committed state). One pass in node order.
 3. :func:`commit_tree_states` - copy the SSM state and conv window of each request's last accepted node into
-   the request's cache slot, for the whole batch in one launch.
+   the request's cache slot, for the whole batch in one launch (:func:`commit_tree_states_layers`: for every
+   recurrent layer of a pool at once, the layout of SGLang's ``MambaPool`` with its per-step scratch).
 
 Inputs (B requests, N1 nodes each, node 0 = the root/bonus token, same layout as :class:`.types.DraftTree`):
 ``parent`` int [B, N1] with ``parent[b, i] < i`` for every node (parent before child) and -1 for the root.
@@ -72,6 +73,7 @@ from .budget import (  # noqa: F401  (re-exported: the budget checks are part of
 from .tree_recurrent_ref import (  # noqa: F401
     MAX_TREE_NODES,
     check_parent_order,
+    commit_tree_states_layers_torch,
     commit_tree_states_torch,
     tree_causal_conv1d_torch,
     tree_gated_delta_rule_torch,
@@ -138,3 +140,37 @@ def commit_tree_states(ssm_state: torch.Tensor, conv_state: torch.Tensor, node_s
 
         return commit_tree_states_triton(ssm_state, conv_state, node_ssm, node_conv, accepted_last_node, cache_slot)
     return commit_tree_states_torch(ssm_state, conv_state, node_ssm, node_conv, accepted_last_node, cache_slot)
+
+
+def commit_tree_states_layers(ssm_pools: torch.Tensor, conv_pools: torch.Tensor, node_ssm: torch.Tensor,
+                              node_conv: torch.Tensor, accepted_last_node: torch.Tensor, cache_slot: torch.Tensor,
+                              impl: str = "auto"):
+    """:func:`commit_tree_states` for all recurrent layers at once, in one launch.
+
+    ``ssm_pools`` [L, slots, HV, V, K] and ``conv_pools`` [L, slots, D, >= K_conv-1] (SGLang's ``temporal`` and
+    ``conv[0]``), ``node_ssm`` [L, rows, N1, HV, V, K] and ``node_conv`` [L, rows, N1, D, K_conv-1] with
+    ``rows >= B`` (SGLang's ``intermediate_ssm`` / ``intermediate_conv_window[0]``, whose row b holds request b of
+    the verify batch). Same skipping rules as :func:`commit_tree_states`. Returns ``(ssm_pools, conv_pools)``.
+    """
+    batch = accepted_last_node.shape[0]
+    if cache_slot.shape != (batch,):
+        raise ValueError("accepted_last_node and cache_slot must be [B]")
+    if node_ssm.dim() != 6 or node_conv.dim() != 5 or ssm_pools.dim() != 5 or conv_pools.dim() != 4:
+        raise ValueError("expected ssm_pools [L, slots, HV, V, K], conv_pools [L, slots, D, W], "
+                         "node_ssm [L, rows, N1, HV, V, K], node_conv [L, rows, N1, D, W]")
+    layers = node_ssm.shape[0]
+    if not (ssm_pools.shape[0] == conv_pools.shape[0] == node_conv.shape[0] == layers):
+        raise ValueError("all four tensors must have the same number of layers")
+    if node_ssm.shape[1] < batch or node_conv.shape[1] < batch or node_ssm.shape[2] != node_conv.shape[2]:
+        raise ValueError(f"node_ssm / node_conv need >= {batch} rows and the same N1")
+    if tuple(node_ssm.shape[3:]) != tuple(ssm_pools.shape[2:]):
+        raise ValueError("node_ssm [L, rows, N1, HV, V, K] must match ssm_pools [L, slots, HV, V, K]")
+    if node_conv.shape[3] != conv_pools.shape[2] or conv_pools.shape[3] < node_conv.shape[4]:
+        raise ValueError("node_conv [L, rows, N1, D, K_conv-1] must match conv_pools [L, slots, D, >= K_conv-1]")
+    if use_triton(impl, ssm_pools, conv_pools, node_ssm, node_conv, accepted_last_node, cache_slot):
+        from .tree_recurrent_triton import commit_tree_states_triton
+
+        return commit_tree_states_triton(ssm_pools, conv_pools, node_ssm, node_conv, accepted_last_node,
+                                         cache_slot, layered=True)
+    return commit_tree_states_layers_torch(ssm_pools, conv_pools, node_ssm, node_conv, accepted_last_node,
+                                           cache_slot)

@@ -157,4 +157,13 @@ def commit_tree_states_torch(ssm_state, conv_state, node_ssm, node_conv, accepte
     return ssm_state, conv_state
 
 
+
+def commit_tree_states_layers_torch(ssm_pools, conv_pools, node_ssm, node_conv, accepted_last_node, cache_slot):
+    """Reference for :func:`commit_tree_states_layers`: the single-layer commit, layer by layer."""
+    batch = accepted_last_node.shape[0]
+    for layer in range(node_ssm.shape[0]):
+        commit_tree_states_torch(ssm_pools[layer], conv_pools[layer], node_ssm[layer, :batch],
+                                 node_conv[layer, :batch], accepted_last_node, cache_slot)
+    return ssm_pools, conv_pools
+
 # --------------------------------------------------------------------------------------------- public API

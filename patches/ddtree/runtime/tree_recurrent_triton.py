@@ -8,7 +8,8 @@
   costs no reloads); otherwise it reloads the parent's state from ``node_ssm`` (written earlier by this same
   program) or the committed state. Every node's state is stored (needed for commit); with a narrower buffer
   dtype the register state is rounded to it after each store so chains and branches agree bit for bit.
-* ``_commit_kernel``: grid (B, SSM chunks + conv chunks): one launch copies both states of every request.
+* ``_commit_kernel``: grid (B, SSM chunks + conv chunks, layers): one launch copies both states of every request,
+  for one recurrent layer or for all layers of a pool at once.
 
 No host synchronisation, fixed shapes: all three launches can be captured in a CUDA graph.
 """
@@ -193,10 +194,12 @@ def _commit_kernel(
     N1, S_SSM, D,
     s_ssm_s, scs_s, scs_d, scs_t,
     sn_b, sn_n, snc_b, snc_n, snc_d, snc_t,
+    s_ssm_l, scs_l, sn_l, snc_l,
     W: tl.constexpr, BLOCK: tl.constexpr, NS_CHUNKS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)  # one recurrent layer per grid row (a single layer: 0, strides unused)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     a = tl.load(acc_ptr + b).to(tl.int64)
     ok = (slot >= 0) & (a >= 0) & (a < N1)
@@ -206,33 +209,47 @@ def _commit_kernel(
         if c < NS_CHUNKS:
             e_s = c * BLOCK + tl.arange(0, BLOCK)
             m_s = e_s < S_SSM
-            v_s = tl.load(nssm_ptr + b * sn_b + a * sn_n + e_s, mask=m_s)
-            tl.store(ssm_ptr + slot * s_ssm_s + e_s, v_s.to(ssm_ptr.dtype.element_ty), mask=m_s)
+            v_s = tl.load(nssm_ptr + layer * sn_l + b * sn_b + a * sn_n + e_s, mask=m_s)
+            tl.store(ssm_ptr + layer * s_ssm_l + slot * s_ssm_s + e_s, v_s.to(ssm_ptr.dtype.element_ty), mask=m_s)
         else:
             e_c = (c - NS_CHUNKS) * BLOCK + tl.arange(0, BLOCK)
             m_c = e_c < D * W
             d = e_c // W
             t = e_c % W
-            v_c = tl.load(nconv_ptr + b * snc_b + a * snc_n + d * snc_d + t * snc_t, mask=m_c)
-            tl.store(cs_ptr + slot * scs_s + d * scs_d + t * scs_t, v_c.to(cs_ptr.dtype.element_ty), mask=m_c)
+            v_c = tl.load(nconv_ptr + layer * snc_l + b * snc_b + a * snc_n + d * snc_d + t * snc_t, mask=m_c)
+            tl.store(cs_ptr + layer * scs_l + slot * scs_s + d * scs_d + t * scs_t,
+                     v_c.to(cs_ptr.dtype.element_ty), mask=m_c)
 
 
-def commit_tree_states_triton(ssm_state, conv_state, node_ssm, node_conv, accepted_last_node, cache_slot):
-    batch, n1 = node_ssm.shape[:2]
-    s_ssm = node_ssm[0, 0].numel() if batch else 0
-    if not node_ssm.is_contiguous() or tuple(ssm_state.stride()[1:]) != tuple(node_ssm.stride()[2:]):
-        raise ValueError("node_ssm must be contiguous and ssm_state contiguous inside a slot")
-    dim, w = node_conv.shape[2], node_conv.shape[3]
+def commit_tree_states_triton(ssm_state, conv_state, node_ssm, node_conv, accepted_last_node, cache_slot,
+                              layered: bool = False):
+    """``layered``: every tensor has a leading layer axis (``ssm_state`` [L, slots, HV, V, K], ``node_ssm``
+    [L, rows >= B, N1, HV, V, K], ...): one launch commits all layers (grid axis 2)."""
+    if not layered:
+        ssm_state, conv_state, node_ssm, node_conv = (t.unsqueeze(0) for t in (ssm_state, conv_state, node_ssm,
+                                                                               node_conv))
+    layers = node_ssm.shape[0]
+    batch = accepted_last_node.shape[0]
+    n1 = node_ssm.shape[2]
+    s_ssm = node_ssm[0, 0, 0].numel() if node_ssm.shape[1] else 0
+    inner = node_ssm.shape[3:]
+    contiguous_inner = tuple(torch.empty(inner, device="meta").stride())
+    if (tuple(node_ssm.stride()[3:]) != contiguous_inner or node_ssm.stride(2) != s_ssm
+            or tuple(ssm_state.stride()[2:]) != contiguous_inner):
+        raise ValueError("node_ssm must be contiguous per request and ssm_state contiguous inside a slot")
+    dim, w = node_conv.shape[3], node_conv.shape[4]
     block = 1024
     ns = triton.cdiv(s_ssm, block)
     nc = triton.cdiv(dim * w, block)
-    if batch == 0:
-        return ssm_state, conv_state
-    _commit_kernel[(batch, ns + nc)](
+    if batch == 0 or layers == 0:
+        return (ssm_state, conv_state) if layered else (ssm_state[0], conv_state[0])
+    _commit_kernel[(batch, ns + nc, layers)](
         ssm_state, conv_state, node_ssm, node_conv, accepted_last_node, cache_slot,
         n1, s_ssm, dim,
-        ssm_state.stride(0), *conv_state.stride(),
-        node_ssm.stride(0), node_ssm.stride(1), *node_conv.stride(),
+        ssm_state.stride(1), conv_state.stride(1), conv_state.stride(2), conv_state.stride(3),
+        node_ssm.stride(1), node_ssm.stride(2), node_conv.stride(1), node_conv.stride(2), node_conv.stride(3),
+        node_conv.stride(4),
+        ssm_state.stride(0), conv_state.stride(0), node_ssm.stride(0), node_conv.stride(0),
         W=w, BLOCK=block, NS_CHUNKS=ns, num_warps=4,
     )
-    return ssm_state, conv_state
+    return (ssm_state, conv_state) if layered else (ssm_state[0], conv_state[0])

@@ -16,6 +16,8 @@ Vendored into an overlay as ``sglang/srt/speculative/ddtree_v2/``; the base's ow
 - :mod:`.graph_widths` a verify width (and graph kind) per captured batch size for the target's graph runner.
 - :mod:`.draft_schedule` the draft graph's tail per captured size: a tree builder, or the base's greedy head.
 - :mod:`.adapt`       online adaptation of a schedule from acceptance counted on the GPU, read without a host sync.
+- :mod:`.hybrid`      hybrid GatedDeltaNet targets (0.5.17, patch 0004): each GDN layer's TARGET_VERIFY through
+                      the runtime's tree kernels, the accepted node's recurrent states committed, start-up checks.
 
 The tree algorithms themselves (top-k, best-first build, ancestor masks, walk, slot order) are the DDTree runtime
 vendored beside this package as ``sglang/srt/speculative/ddtree/``; nothing here synchronises with the host.

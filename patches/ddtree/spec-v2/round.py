@@ -81,6 +81,7 @@ class DDTreeRound:
         self.allow_unproven = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
         self.backend_name = "triton"
         self.prefix_cols = False
+        self.hybrid = False  # a GatedDeltaNet hybrid target whose recurrent state branches over the tree (.hybrid)
         # the head folded into the draft graph, if any: one tree builder (a single budget), or per-size heads
         self.builder: Optional[DraftTreeBuilder | ScheduledDraftHead] = None
         self._eager: dict[int, DraftTreeBuilder] = {}
@@ -119,9 +120,12 @@ class DDTreeRound:
                             "triton)")
         elif name not in PROVEN_BACKENDS:
             unproven.append(f"the {name} attention backend ({WIRED_UNPROVEN_BACKENDS[name]})")
-        if is_hybrid:
-            problems.append("hybrid linear-attention / Mamba targets (this patch set does not branch their "
-                            "recurrent state over a tree yet)")
+        if is_hybrid:  # hybrid GatedDeltaNet targets: .hybrid (SGLang 0.5.17, patch 0004) or refused with why
+            from .hybrid import target_problems
+
+            hybrid_problems = target_problems(model_runner)
+            problems += hybrid_problems
+            self.hybrid = not hybrid_problems
         swa = getattr(model_runner, "sliding_window_size", None)
         if swa is not None and int(swa) > 0:
             problems.append(f"a target with sliding-window attention (window {swa}): the triton kernel reads the "
@@ -310,6 +314,7 @@ class DDTreeRound:
         saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
         batch.seq_lens_cpu = host_prefix.to(torch.int32) if saved[0] is None else host_prefix.to(saved[0].dtype)
         batch.seq_lens_sum = prefix_bound_sum
+        seq_lens_pre_verify = batch.seq_lens.clone() if self.hybrid else None  # the base's tracking rule reads it
         verify_forward_batch, _ = verify_input.prepare_for_verify(batch, worker.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved
 
@@ -338,6 +343,10 @@ class DDTreeRound:
             self.adapt.record(tree, target, walk.accepted_nodes, commit_lens, self.budget)
         out_tokens = walk.accepted_tokens.clamp(min=0)
         bonus = walk.bonus_token
+        if self.hybrid:  # the accepted node's recurrent states (and the prefix-cache track slot's): .hybrid.commit
+            worker._update_target_mamba_state_after_verify(batch=batch, seq_lens_pre_verify=seq_lens_pre_verify,
+                                                           commit_lens=commit_lens,
+                                                           accepted_nodes=walk.accepted_nodes)
 
         # 5) commit: the accepted path's slots to the front of the verify range (a permutation: nothing moves)
         slots = verify_loc.view(bs, n1)

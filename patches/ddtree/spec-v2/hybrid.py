@@ -1,0 +1,293 @@
+"""DDTree on hybrid GatedDeltaNet targets (Qwen3.5 / Qwen3.6, Qwen3-Next) on SGLang 0.5.17's spec-v2 worker.
+
+For attention layers a draft tree is only a mask. A GatedDeltaNet layer needs, for every tree node, the conv window
+and SSM state of the node's own root->node path, and after the walk the state of the last accepted node must become
+the request's. SGLang's own path for this (EAGLE topk > 1) derives parents from first-child / next-sibling links
+scanning the whole batch's tokens and unrolls its tree conv over the verify width (compile time grows with the
+budget), and 0.5.17's chain layout of the conv scratch (one shared sliding window per request) is wrong for trees.
+So DDTree runs the layers' TARGET_VERIFY through the DDTree runtime's own kernels instead:
+
+* :meth:`TreeVerify.forward` (patch 0004 calls it from ``GDNAttnBackend.forward_extend`` in TARGET_VERIFY):
+  ``tree_causal_conv1d`` then ``tree_gated_delta_rule`` with per-request local parent indices, reading the
+  committed conv window / SSM state from the pool by the request's mamba slot and writing every node's window and
+  state where the base keeps its per-step intermediates (``intermediate_conv_window[0]`` / ``intermediate_ssm``,
+  row b = request b of the verify batch, step i = node i). Nothing in the pool is modified.
+* The parent indices live in one fixed buffer per backend (``TreeVerify.parent``), filled from the round's tree
+  when the backend prepares the forward (``init_forward_metadata`` eagerly, ``init_forward_metadata_out_graph``
+  before a CUDA-graph replay): the captured verify graph reads them in place. Rows of padded requests keep stale
+  (still parent-before-child) or root-only (-1) rows; their results are never committed (slot -1).
+* :func:`commit` (patch 0004 calls it from the worker's ``_update_target_mamba_state_after_verify``): the accepted
+  node's state and window of every layer go into the request's slot in one launch
+  (``commit_tree_states_layers``), in place of the chain's scatter of step ``commit_lens - 1``; the base's
+  prefix-cache tracking rule (which step along the committed path is saved into ``mamba_track_indices``, the
+  ``extra_buffer`` strategy's track slot) is computed by the base as for the chain and mapped to the node on the
+  path, then committed the same way.
+* :func:`target_problems` refuses at start-up what this does not cover, each with the reason, and
+  :func:`check_memory` (patch 0004 calls it where the base sizes the mamba pool) refuses a budget whose per-node
+  states do not fit, naming the largest that does.
+
+Compile cost does not grow with the budget: the conv kernel unrolls over the conv width only; the GDN kernel loops
+over the nodes (one compile per verify width, seconds).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: The largest budget the runtime's tree kernels take (verify width 1025); memory is the practical bound.
+MAX_HYBRID_BUDGET = 1024
+#: Linear-attention backend classes of SGLang 0.5.17 -> the family they serve (for the refusal message).
+OTHER_FAMILIES = {
+    "Mamba2AttnBackend": "Mamba2 (Nemotron-H, Falcon-H1, ...)",
+    "LightningAttentionBackend": "lightning attention (seg_la)",
+    "KDAAttnBackend": "Kimi delta attention (KDA, Kimi-Linear)",
+    "ShortConvAttnBackend": "short convolution (LFM2, ZAYA1)",
+}
+#: ``DDTREE_HYBRID_IMPL``: the runtime's kernel choice ("auto": Triton on CUDA; the CPU tests force "triton").
+IMPL_ENV = "DDTREE_HYBRID_IMPL"
+
+
+def _rt():
+    from .draft_topk import runtime
+
+    return runtime()
+
+
+def _impl() -> str:
+    return os.environ.get(IMPL_ENV, "auto")
+
+
+def ddtree_budget(server_args: Any) -> Optional[int]:
+    value = getattr(server_args, "speculative_ddtree_budget", None)
+    return None if value is None else int(value)
+
+
+def conv_window_dedup_allowed() -> bool:
+    """0.5.17 shares one sliding conv window per request across the verify steps (a chain's layout); tree nodes
+    need a window each, so the dense layout is kept whenever DDTree is on (patch 0004, ``MambaPool``)."""
+    from sglang.srt.runtime_context import get_spec
+
+    return ddtree_budget(get_spec()) is None
+
+
+# ------------------------------------------------------------------------------------------------- verify
+
+
+class TreeVerify:
+    """The TARGET_VERIFY forward of one GDN backend's layers through the runtime's tree kernels."""
+
+    def __init__(self, n1: int, rows: int, device: Any):
+        self.n1 = int(n1)
+        self.parent = torch.full((int(rows), self.n1), -1, dtype=torch.int32, device=device)
+
+    @classmethod
+    def attach(cls, backend: Any, model_runner: Any) -> Optional["TreeVerify"]:
+        """The tree verify of a target's GDN backend, or None (DDTree off, or the draft model's backend)."""
+        args = model_runner.server_args
+        if ddtree_budget(args) is None or getattr(model_runner, "is_draft_worker", False):
+            return None
+        rows = len(backend.verify_intermediate_state_indices)  # the base's padded maximum verify batch
+        return cls(int(args.speculative_num_draft_tokens), rows, model_runner.device)
+
+    def fill(self, forward_batch: Any) -> None:
+        """Copy the round's parents into the fixed buffer (before an eager forward or a graph replay)."""
+        if not forward_batch.forward_mode.is_target_verify():
+            return
+        tree = getattr(forward_batch.spec_info, "tree", None)
+        if tree is None:  # graph capture and the base's dummy runs: a chain-shaped verify input without a tree
+            return
+        parent = tree.parent
+        if parent.shape[1] != self.n1 or parent.shape[0] > self.parent.shape[0]:
+            raise RuntimeError(f"DDTree hybrid verify: a tree of {tuple(parent.shape)} does not fit the parent "
+                               f"buffer {tuple(self.parent.shape)}")
+        self.parent[: parent.shape[0]].copy_(parent)
+
+    def forward(self, backend: Any, layer: Any, forward_batch: Any, mixed_qkv: torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor) -> torch.Tensor:
+        """One GDN layer's TARGET_VERIFY: tree conv1d, gating, tree gated delta rule; output [1, T, HV, V]."""
+        rt = _rt()
+        impl = _impl()
+        n1 = self.n1
+        tokens = mixed_qkv.shape[0]
+        batch = tokens // n1
+        cache = backend.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        node_ssm_all = cache.intermediate_ssm
+        node_conv_all = cache.intermediate_conv_window[0]
+        if batch > node_ssm_all.shape[0]:
+            raise RuntimeError(f"DDTree hybrid verify: batch {batch} exceeds the {node_ssm_all.shape[0]} rows of "
+                               "per-node state scratch")
+        slots = backend.forward_metadata.mamba_cache_indices[:batch]
+        parent = self.parent[:batch]
+        x = mixed_qkv.view(batch, n1, -1)
+        y, _ = rt.tree_causal_conv1d(x, parent, cache.conv[0], slots, layer.conv_weights, layer.bias,
+                                     layer.activation, node_conv=node_conv_all[:batch], impl=impl)
+        q_end, k_end = layer.q_dim, layer.q_dim + layer.k_dim
+        q = y[..., :q_end].unflatten(-1, (layer.num_q_heads, layer.head_q_dim))
+        k = y[..., q_end:k_end].unflatten(-1, (layer.num_k_heads, layer.head_k_dim))
+        v = y[..., k_end:].unflatten(-1, (layer.num_v_heads, layer.head_v_dim))
+        g, beta = gdn_gating(layer.A_log, a, b, layer.dt_bias)
+        o, _ = rt.tree_gated_delta_rule(q, k, v, g.view(batch, n1, -1), beta.view(batch, n1, -1), parent,
+                                        cache.temporal, slots, scale=layer.head_k_dim ** -0.5, use_qk_l2norm=True,
+                                        node_ssm=node_ssm_all[:batch], impl=impl)
+        return o.view(1, tokens, layer.num_v_heads, layer.head_v_dim)
+
+
+def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor,  # noqa: N803
+               dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """g = -exp(A_log) * softplus(a + dt_bias) (threshold 20) and beta = sigmoid(b), fp32 [T, HV]: the base's
+    ``fused_gdn_gating`` kernel on CUDA, the same math in torch elsewhere."""
+    if a.is_cuda:
+        from sglang.kernels.ops.attention.fla.fused_gdn_gating import fused_gdn_gating
+
+        g, beta = fused_gdn_gating(A_log, a, b, dt_bias)
+        return g.view(a.shape[0], -1), beta.view(a.shape[0], -1)
+    x = a.float() + dt_bias.float()
+    g = -torch.exp(A_log.float()) * torch.where(x <= 20.0, torch.log1p(torch.exp(x)), x)
+    return g, torch.sigmoid(b.float())
+
+
+# ------------------------------------------------------------------------------------------------- commit
+
+
+def path_nodes(steps: torch.Tensor, accepted_nodes: torch.Tensor) -> torch.Tensor:
+    """Steps along each request's committed path (0 = root; negative = none) -> tree node indices (-1 = none).
+
+    ``accepted_nodes`` [B, L+1]: root first, then the accepted path (the runtime's ``WalkResult``). The chain's
+    intermediate states are indexed by step; a tree's by node, so the index is the node at that step."""
+    steps = steps.to(torch.int64)
+    nodes = accepted_nodes.to(torch.int64).gather(1, steps.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return torch.where(steps >= 0, nodes, torch.full_like(nodes, -1))
+
+
+def commit(attn_backend: Any, *, last_correct_step_indices: torch.Tensor, mamba_track_indices: Optional[torch.Tensor],
+           mamba_steps_to_track: Optional[torch.Tensor], accepted_nodes: torch.Tensor) -> None:
+    """The accepted node's conv window and SSM state of every GDN layer into each request's slot (and, for the
+    base's prefix-cache tracking, the node at the tracked step into the track slot), one launch each."""
+    rt = _rt()
+    linear = attn_backend.linear_attn_backend
+    n = last_correct_step_indices.shape[0]
+    slots = linear.forward_metadata.mamba_cache_indices[:n]
+    caches = linear.req_to_token_pool.get_speculative_mamba2_params_all_layers()
+    pools = (caches.temporal, caches.conv[0], caches.intermediate_ssm, caches.intermediate_conv_window[0])
+    rt.commit_tree_states_layers(*pools, path_nodes(last_correct_step_indices, accepted_nodes[:n]), slots,
+                                 impl=_impl())
+    if mamba_track_indices is not None and mamba_steps_to_track is not None:
+        track_nodes = path_nodes(mamba_steps_to_track, accepted_nodes[:n])
+        rt.commit_tree_states_layers(*pools, track_nodes, mamba_track_indices[:n], impl=_impl())
+
+
+# ------------------------------------------------------------------------------------------------- start-up
+
+
+def target_problems(model_runner: Any) -> list[str]:
+    """What keeps DDTree from branching this hybrid target's recurrent state, each with the reason (empty: ok)."""
+    backend = model_runner.attn_backend
+    linear = getattr(backend, "linear_attn_backend", None)
+    if linear is None:
+        return [f"the hybrid attention backend {type(backend).__name__} (no linear-attention backend to branch)"]
+    name = type(linear).__name__
+    if not _is_gdn(linear):
+        family = OTHER_FAMILIES.get(name, "linear-attention")
+        return [f"{family} layers ({name}): DDTree branches the recurrent state of GatedDeltaNet layers only"]
+    if not hasattr(linear, "ddtree"):
+        return [f"hybrid GatedDeltaNet targets on this SGLang ({name}): DDTree branches their recurrent state on "
+                "SGLang 0.5.17 only (its patch 0004)"]
+    problems = []
+    if linear.ddtree is None:
+        problems.append("a GDN backend built without DDTree's tree verify (the patch set is incomplete)")
+    dispatcher = linear.kernel_dispatcher
+    kernels = {role: type(getattr(dispatcher, f"{role}_kernel", None)).__name__
+               for role in ("decode", "extend", "verify")}
+    if getattr(dispatcher, "verify_kernel_is_flashinfer", False) or any(k != "TritonGDNKernel"
+                                                                         for k in kernels.values()):
+        problems.append("GatedDeltaNet kernels other than triton (" + ", ".join(f"{r}={k}" for r, k in kernels.items())
+                        + "): FlashInfer / CuTe DSL keep their states in layouts and dtypes the tree kernels do not "
+                        "read; use --linear-attn-backend triton without --linear-attn-decode-backend / "
+                        "--linear-attn-prefill-backend")
+    pool = getattr(model_runner.req_to_token_pool, "mamba_pool", None)
+    if getattr(pool, "enable_linear_replayssm", False) or getattr(pool, "enable_linear_replayssm_spec", False):
+        problems.append("ReplaySSM (--enable-linear-replayssm / --enable-linear-replayssm-spec): its state is a "
+                        "checkpoint plus a chain-shaped ring, not a state per tree node")
+    cache = getattr(pool, "mamba_cache", None)
+    if cache is not None:
+        if getattr(cache, "intermediate_ssm", None) is None:
+            problems.append("a mamba pool without per-step intermediate states")
+        elif len(cache.conv) != 1:
+            problems.append(f"{len(cache.conv)} conv state types per layer (GatedDeltaNet has one)")
+        else:
+            win = cache.intermediate_conv_window[0]
+            if win.stride(-1) == win.stride(2) or win.shape[2] != int(model_runner.server_args.speculative_num_draft_tokens):
+                problems.append("the shared sliding-window conv scratch (a chain's layout; patch 0004 keeps one "
+                                "window per node when DDTree is on)")
+            temporal = cache.temporal
+            inner = tuple(torch.empty(temporal.shape[2:], device="meta").stride())
+            if tuple(temporal.stride()[2:]) != inner:
+                problems.append("a page-major mamba state layout (--enable-page-major-kv-layout): the tree kernels "
+                                "need each slot's SSM state contiguous")
+    return problems
+
+
+def _is_gdn(linear: Any) -> bool:
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    return isinstance(linear, GDNAttnBackend)
+
+
+def max_budget(*, total_rest_gib: float, per_req_bytes: int, max_running_requests: int, slots_per_req: int = 1,
+               mamba_share: float = 1.0) -> tuple[int, int, int]:
+    """(largest budget that fits, bytes available for per-node states, bytes per tree node) for the base's pool.
+
+    The base reserves ``per_req x (requests + 1) x verify width`` bytes of per-step intermediate states next to the
+    requests' own states (``per_req x (requests x slots_per_req + 1)``; ``slots_per_req`` > 1 under the
+    ``extra_buffer`` strategy), out of ``total_rest_gib x mamba_share`` (the share its ratio-based sizing gives the
+    mamba pool; 1 when sizes are explicit). DDTree's verify width is budget + 1."""
+    rt = _rt()
+    reqs = max(int(max_running_requests), 1)
+    per_node = int(per_req_bytes) * (reqs + 1)
+    own = int(per_req_bytes) * (reqs * max(int(slots_per_req), 1) + 1)
+    available = int(float(total_rest_gib) * mamba_share * (1 << 30)) - own
+    return rt.max_budget_for_bytes(max(available, 0), per_node, MAX_HYBRID_BUDGET), available, per_node
+
+
+def check_memory(*, budget: int, total_rest_gib: float, per_req_bytes: int, max_running_requests: int,
+                 slots_per_req: int = 1, mamba_share: float = 1.0) -> int:
+    """Raise ValueError when ``budget + 1`` per-node states do not fit, naming the largest budget that does;
+    returns that largest budget."""
+    rt = _rt()
+    best, available, per_node = max_budget(total_rest_gib=total_rest_gib, per_req_bytes=per_req_bytes,
+                                           max_running_requests=max_running_requests, slots_per_req=slots_per_req,
+                                           mamba_share=mamba_share)
+    reqs = max(int(max_running_requests), 1)
+    try:
+        rt.check_budget_bytes(int(budget), max(available, 0), per_node,
+                              detail=(f"{per_req_bytes / 2**20:.3f} MiB of conv + SSM state per request (all "
+                                      f"recurrent layers) x ({reqs} max running requests + 1)"))
+    except ValueError as exc:
+        raise ValueError(f"DDTree on a hybrid target (--speculative-ddtree-budget): {exc} "
+                         "(--max-running-requests lowers the per-node cost)") from None
+    return best
+
+
+def check_memory_for_pool(configurator: Any, total_rest_gib: float, per_req_bytes: int) -> None:
+    """The start-up check where SGLang 0.5.17 sizes the mamba pool (``KVCacheConfigurator._handle_max_mamba_cache``,
+    patch 0004), with the share and request count that sizing uses. No-op with DDTree off."""
+    from sglang.srt.runtime_context import get_memory, get_schedule, get_spec
+
+    budget = ddtree_budget(get_spec())
+    if budget is None:
+        return
+    sched = get_schedule()
+    auto_fit = sched.max_mamba_cache_size is None and not (get_memory().disable_radix_cache
+                                                           and sched.max_running_requests is not None)
+    share = sched.mamba_full_memory_ratio / (1 + sched.mamba_full_memory_ratio) if auto_fit else 1.0
+    reqs = sched.max_running_requests // max(int(configurator.ps.attn_dp_size), 1)
+    best = check_memory(budget=budget, total_rest_gib=total_rest_gib, per_req_bytes=per_req_bytes,
+                        max_running_requests=reqs, slots_per_req=configurator._calculate_mamba_ratio(),
+                        mamba_share=share)
+    logger.info("DDTree hybrid: budget %d fits the per-node recurrent states (largest that fits: %d at %d max "
+                "running requests).", budget, best, reqs)

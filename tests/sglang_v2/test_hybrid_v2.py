@@ -1,0 +1,393 @@
+"""DDTree on hybrid GatedDeltaNet targets on SGLang 0.5.17 (patch 0004 + ``ddtree_v2.hybrid``), on CPU, against the
+real patched wheel.
+
+1. The verify as wired: the GPU harness (``tests/gpu/test_hybrid_v2_kernels_gpu.py``) run with ``--cpu-smoke`` in the
+   patched tree: the real ``GDNAttnBackend`` graph-replay / eager metadata and ``forward_extend`` (TARGET_VERIFY through
+   the runtime's Triton kernels, interpreted), the real worker commit, at Qwen3.6 head dims, budgets 1/16/64/256,
+   batches up to 16, against float64 per-path recurrences.
+2. The start-up refusals, each naming the family or flag, through ``DDTreeRound.check_target`` on the real classes;
+   0.5.16 (no 0004) keeps refusing hybrids.
+3. Server arguments of a hybrid target with DDTree and the ``extra_buffer`` strategy, resolved as on an H200; the
+   memory check at the boundary (the largest budget that fits passes, one more is refused naming it), with the
+   base's own mamba slot ratio; the conv-window layout switch.
+4. The hooks sit where the base reads them (0004 stays a separable patch on top of 0003).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from v2_helpers import REPO, model_dirs, run_python
+
+HARNESS = REPO / "tests" / "gpu" / "test_hybrid_v2_kernels_gpu.py"
+NEXT_TARGET = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=512, hidden_size=128,
+                   intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                   linear_num_key_heads=2, linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=64,
+                   shared_expert_intermediate_size=64, num_experts_per_tok=2, num_experts=4, full_attention_interval=4,
+                   layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=4096,
+                   eos_token_id=0, bos_token_id=0, tie_word_embeddings=False, torch_dtype="bfloat16",
+                   rms_norm_eps=1e-6, rope_theta=10000.0)
+
+
+def _result(r) -> dict:
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}"
+    return json.loads(line[len("RESULT"):])
+
+
+# ------------------------------------------------------------------------------------------ 1. the wired verify
+
+
+def test_wired_tree_verify_and_commit_against_float64(v2_trees, tmp_path: Path):
+    out = tmp_path / "kernels.json"
+    code = ("import runpy, sys\nsys.argv = ['harness', '--cpu-smoke', '--out', sys.argv[1]]\n"
+            f"runpy.run_path({str(HARNESS)!r}, run_name='__main__')\n")
+    r = run_python(v2_trees("0.5.17"), tmp_path, code, str(out), timeout=1500)
+    assert out.exists(), f"rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}"
+    res = json.loads(out.read_text())
+    bad = [c for c in res["cases"] if not c["ok"]]
+    assert not bad, json.dumps(bad, indent=1)[:6000]
+    assert res["ok"] and r.returncode == 0
+    specs = [c["spec"] for c in res["cases"]]
+    assert {s["budget"] for s in specs} == {1, 16, 64, 256}
+    assert max(s["batch"] for s in specs) == 16
+    assert res["shapes"]["head_k_dim"] == res["shapes"]["head_v_dim"] == 128  # Qwen3.6's head dims
+    assert res["shapes"]["num_v_heads"] == 3 * res["shapes"]["num_k_heads"]  # and its 48:16 head ratio
+    by = {c["case"]: c for c in res["cases"]}
+    assert any(s["graph"] and s["pad"] for s in specs), "a graph replay with padded rows"
+    assert any(s["kind"] == "ties" for s in specs)
+    chains = [c for c in res["cases"] if c["spec"]["kind"] == "chain"]
+    assert chains and all(c["accept_len_max"] == 15 for c in chains), "the deepest chain the drafter allows"
+    tracked = [c for c in res["cases"] if c["spec"]["track"]]
+    assert tracked and all(c.get("tracked", 0) > 0 for c in tracked), "the track rule fired"
+    for c in by.values():
+        assert c["max_state_err"] < 1e-4 and c["max_out_err"] < 1e-4 and c["window_exact"], c
+        assert c["commit_equals_sequential_path"] and c["others_untouched"], c
+
+
+# ------------------------------------------------------------------------------------------ 2. refusals
+
+REFUSALS = r'''
+import json, sys, types
+import torch
+from types import SimpleNamespace as NS
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.speculative.ddtree_v2.round import DDTreeRound
+
+n1 = 17
+Triton = type("TritonGDNKernel", (), {})
+FlashInfer = type("FlashInferGDNKernel", (), {})
+
+
+def cache(dedup=False, strided=False):
+    temporal = torch.zeros(2, 5, 3, 8, 8)
+    if strided:  # a page-major envelope: each slot's state spread over a wider row
+        temporal = torch.zeros(2, 5, 3, 8, 16)[..., :8]
+    if dedup:  # 0.5.17's sliding-window view: step t's window starts at column t
+        phys = torch.zeros(2, 5, 24, n1 + 2)
+        win = phys.as_strided((2, 5, n1, 24, 3), (phys.stride(0), phys.stride(1), 1, phys.stride(2), 1))
+    else:
+        win = torch.zeros(2, 5, n1, 24, 3)
+    return NS(conv=[torch.zeros(2, 5, 24, 3)], temporal=temporal, intermediate_ssm=torch.zeros(2, 5, n1, 3, 8, 8),
+              intermediate_conv_window=[win])
+
+
+def runner(linear, *, pool=None, c=None):
+    full = object.__new__(TritonAttnBackend)
+    hyb = object.__new__(HybridLinearAttnBackend)
+    hyb.full_attn_backend, hyb.linear_attn_backend = full, linear
+    pool = pool or NS(enable_linear_replayssm=False, enable_linear_replayssm_spec=False, mamba_cache=c or cache())
+    return NS(attn_backend=hyb, req_to_token_pool=NS(mamba_pool=pool), sliding_window_size=None,
+              server_args=NS(speculative_num_draft_tokens=n1))
+
+
+def gdn(kernels=(Triton, Triton, Triton), flashinfer=False, ddtree=True):
+    g = object.__new__(GDNAttnBackend)
+    d, e, v = (k() for k in kernels)
+    g.kernel_dispatcher = NS(decode_kernel=d, extend_kernel=e, verify_kernel=v, verify_kernel_is_flashinfer=flashinfer)
+    if ddtree is not None:
+        g.ddtree = object() if ddtree else None
+    return g
+
+
+def check(mr):
+    rnd = DDTreeRound(NS(speculative_ddtree_budget=16, speculative_ddtree_allow_unproven=False), block_size=16)
+    try:
+        rnd.check_target(mr, is_hybrid=True)
+        return {"ok": True, "hybrid": rnd.hybrid}
+    except ValueError as e:
+        return {"ok": False, "msg": str(e), "hybrid": rnd.hybrid}
+
+
+out = {}
+out["gdn"] = check(runner(gdn()))
+if sys.argv[1] == "0.5.17":
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+    from sglang.srt.layers.attention.linear.lightning_backend import LightningAttentionBackend
+    from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
+    out["mamba2"] = check(runner(object.__new__(Mamba2AttnBackend)))
+    out["kda"] = check(runner(object.__new__(KDAAttnBackend)))
+    out["lightning"] = check(runner(object.__new__(LightningAttentionBackend)))
+    out["short_conv"] = check(runner(object.__new__(ShortConvAttnBackend)))
+    out["flashinfer_verify"] = check(runner(gdn((Triton, Triton, FlashInfer), flashinfer=True)))
+    out["flashinfer_decode"] = check(runner(gdn((FlashInfer, Triton, Triton))))
+    out["replayssm"] = check(runner(gdn(), pool=NS(enable_linear_replayssm=False, enable_linear_replayssm_spec=True,
+                                                   mamba_cache=cache())))
+    out["replayssm_decode"] = check(runner(gdn(), pool=NS(enable_linear_replayssm=True,
+                                                          enable_linear_replayssm_spec=False, mamba_cache=cache())))
+    out["dedup_window"] = check(runner(gdn(), c=cache(dedup=True)))
+    out["page_major"] = check(runner(gdn(), c=cache(strided=True)))
+    out["not_built"] = check(runner(gdn(ddtree=False)))
+    out["no_intermediate"] = check(runner(gdn(), c=NS(**{**vars(cache()), "intermediate_ssm": None})))
+else:
+    out["gdn_unpatched"] = check(runner(gdn(ddtree=None)))
+print("RESULT" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def refusals(v2_trees, tmp_path_factory) -> dict:
+    return {v: _result(run_python(v2_trees(v), tmp_path_factory.mktemp(f"refuse-{v}"), REFUSALS, v))
+            for v in ("0.5.17", "0.5.16")}
+
+
+@pytest.mark.parametrize("case, words", [
+    ("mamba2", ["Mamba2", "GatedDeltaNet layers only"]),
+    ("kda", ["KDA", "Kimi"]),
+    ("lightning", ["lightning", "LightningAttentionBackend"]),
+    ("short_conv", ["short convolution"]),
+    ("flashinfer_verify", ["other than triton", "verify=FlashInferGDNKernel", "--linear-attn-backend triton"]),
+    ("flashinfer_decode", ["decode=FlashInferGDNKernel"]),
+    ("replayssm", ["ReplaySSM", "--enable-linear-replayssm-spec"]),
+    ("replayssm_decode", ["ReplaySSM"]),
+    ("dedup_window", ["sliding-window conv scratch"]),
+    ("page_major", ["--enable-page-major-kv-layout"]),
+    ("not_built", ["incomplete"]),
+    ("no_intermediate", ["intermediate states"]),
+])
+def test_unsupported_hybrids_are_refused_at_start_up(refusals, case, words):
+    got = refusals["0.5.17"][case]
+    assert not got["ok"] and not got["hybrid"], got
+    assert got["msg"].startswith("DDTree (--speculative-ddtree-budget) does not support ")
+    for w in words:
+        assert w in got["msg"], (w, got["msg"])
+
+
+def test_gdn_hybrid_accepted_on_0517_refused_on_0516(refusals):
+    assert refusals["0.5.17"]["gdn"] == {"ok": True, "hybrid": True}
+    old = refusals["0.5.16"]["gdn_unpatched"]
+    assert not old["ok"] and "SGLang 0.5.17 only" in old["msg"], old
+
+
+# ------------------------------------------------------------------------------------------ 3. args and memory
+
+ARGS = r'''
+import json, sys
+from types import SimpleNamespace as NS
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context
+from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+from sglang.srt.speculative.ddtree_v2 import hybrid
+from sglang.srt import server_args as _S
+
+# The argument rules ask whether this is a CUDA build (extra_buffer needs the FLA kernels); answer as the H200 would,
+# for those rules only (the fake-CUDA torch of these tests has no torch.version.cuda). Nothing runs on a device.
+_S.is_cuda = lambda: True
+
+tgt, drf = sys.argv[1], sys.argv[2]
+common = ["--model-path", tgt, "--skip-tokenizer-init", "--attention-backend", "triton", "--grammar-backend", "none",
+          "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drf, "--max-running-requests", "8"]
+out = {}
+for name, extra in {"ddtree_xbuf": ["--speculative-ddtree-budget", "16", "--mamba-radix-cache-strategy", "extra_buffer"],
+                    "ddtree_noradix": ["--speculative-ddtree-budget", "64", "--disable-radix-cache"],
+                    "chain_xbuf": ["--mamba-radix-cache-strategy", "extra_buffer"]}.items():
+    try:
+        sa = prepare_server_args(common + extra)
+    except Exception as e:
+        import traceback
+        out[name] = {"ok": False, "msg": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-1500:]}
+        continue
+    get_context().set_server_args(sa)
+    conf = NS(ps=NS(attn_dp_size=1), server_args=sa)
+    conf._calculate_mamba_ratio = lambda conf=conf: KVCacheConfigurator._calculate_mamba_ratio(conf)
+    rec = {"ok": True, "n1": sa.speculative_num_draft_tokens, "block": sa.speculative_dflash_block_size,
+           "extra_buffer": sa.enable_mamba_extra_buffer(), "ratio": conf._calculate_mamba_ratio(),
+           "dedup_allowed": hybrid.conv_window_dedup_allowed(), "page_size": sa.page_size}
+    per_req = 150 * 2**20  # about Qwen3.6-27B's 48 GDN layers (3 MiB SSM + 60 KiB conv each)
+    rest = 60.0
+    if sa.speculative_ddtree_budget is not None:
+        from sglang.srt.runtime_context import get_memory, get_schedule
+        sched = get_schedule()
+        auto = sched.max_mamba_cache_size is None and not (get_memory().disable_radix_cache
+                                                           and sched.max_running_requests is not None)
+        share = sched.mamba_full_memory_ratio / (1 + sched.mamba_full_memory_ratio) if auto else 1.0
+        best, avail, per_node = hybrid.max_budget(total_rest_gib=rest, per_req_bytes=per_req, max_running_requests=8,
+                                                  slots_per_req=rec["ratio"], mamba_share=share)
+        rec.update(share=share, best=best, per_node=per_node, avail=avail)
+        # the boundary, through the hook's entry point with the published arguments: budget = best passes ...
+        at = [a if a != "16" and a != "64" else str(best) for a in extra]
+        get_context().set_server_args(prepare_server_args(common + at))
+        hybrid.check_memory_for_pool(conf, rest, per_req)
+        rec["best_passes"] = True
+        over = [a if a != "16" and a != "64" else str(best + 1) for a in extra]  # ... one more is refused
+        get_context().set_server_args(prepare_server_args(common + over))
+        try:
+            hybrid.check_memory_for_pool(conf, rest, per_req)
+            rec["over_refused"] = None
+        except ValueError as e:
+            rec["over_refused"] = str(e)
+    else:
+        hybrid.check_memory_for_pool(conf, 0.001, per_req)  # DDTree off: never refuses
+        rec["chain_no_check"] = True
+    out[name] = rec
+try:
+    hybrid.check_memory(budget=1, total_rest_gib=0.1, per_req_bytes=2**30, max_running_requests=4)
+    out["no_root"] = None
+except ValueError as e:
+    out["no_root"] = str(e)
+print("RESULT" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def hybrid_args(v2_trees, tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("hybrid-args")
+    tgt, drf = model_dirs(work, NEXT_TARGET, dict(
+        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
+        intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        layer_types=["full_attention"], num_target_layers=4, block_size=16, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16", tie_word_embeddings=False,
+        dflash_config={"block_size": 16, "target_layer_ids": [0, 2], "mask_token": "<|mask|>", "mask_token_id": 3}))
+    return _result(run_python(v2_trees("0.5.17"), work, ARGS, str(tgt), str(drf), fake_cuda=True))
+
+
+def test_hybrid_target_with_extra_buffer_resolves(hybrid_args):
+    x = hybrid_args["ddtree_xbuf"]
+    assert x["ok"], x
+    assert (x["n1"], x["block"], x["page_size"]) == (17, 16, 1)
+    assert x["extra_buffer"] and x["ratio"] > 1, "the extra_buffer strategy keeps more than one slot per request"
+    assert x["dedup_allowed"] is False, "DDTree keeps one conv window per node"
+    chain = hybrid_args["chain_xbuf"]
+    assert chain["ok"] and chain["dedup_allowed"] is True and chain["chain_no_check"]
+
+
+@pytest.mark.parametrize("case", ["ddtree_xbuf", "ddtree_noradix"])
+def test_memory_check_boundary_names_the_largest_budget(hybrid_args, case):
+    x = hybrid_args[case]
+    assert x["ok"], x
+    per_req = 150 * 2**20
+    assert x["per_node"] == per_req * 9  # (8 max running requests + the padding row) x per request
+    # the arithmetic the check is built on: best + 1 nodes fit what is left after the requests' own states
+    assert (x["best"] + 1) * x["per_node"] <= x["avail"] < (x["best"] + 2) * x["per_node"]
+    assert x["best_passes"]
+    msg = x["over_refused"]
+    assert msg and f"the largest budget that fits is {x['best']}" in msg and "--max-running-requests" in msg
+    if case == "ddtree_noradix":
+        assert x["share"] == 1.0 and x["ratio"] == 1  # explicit sizes: the whole rest; one slot per request
+    else:
+        assert x["share"] < 1.0
+
+
+def test_memory_check_when_not_even_the_root_fits(hybrid_args):
+    msg = hybrid_args["no_root"]
+    assert msg and "not even the root fits" in msg and "largest budget that fits is 0" in msg
+
+
+# ------------------------------------------------------------------------------------------ 4. hooks
+
+
+def test_hooks_sit_where_the_base_reads_them(v2_trees):
+    tree = v2_trees("0.5.17") / "sglang" / "srt"
+    gdn = (tree / "layers/attention/linear/gdn_backend.py").read_text()
+    assert gdn.index("return self.ddtree.forward(") < gdn.index("mamba_cache_params = self.req_to_token_pool")
+    assert gdn.count("self.ddtree.fill(forward_batch)") == 2  # eager metadata and graph replay prep
+    conf = (tree / "mem_cache/kv_cache_configurator.py").read_text()
+    assert conf.index("check_memory_for_pool(self, total_rest_memory, stage_per_req)") < conf.index(
+        '"mamba_pool.memory_budget_spec"'), "the check runs before the base sizes the pool"
+    pool = (tree / "mem_cache/memory_pool.py").read_text()
+    assert "and _ddtree_conv_window_dedup_allowed()" in pool
+    worker = (tree / "speculative/dflash_worker_v2.py").read_text()
+    i = worker.index("def _update_target_mamba_state_after_verify")
+    body = worker[i: worker.index("def _ensure_accept_bonus_buffers")]
+    # the base's tracking rule is computed first, then DDTree's commit replaces the chain's scatter
+    assert body.index("mamba_steps_to_track = torch.where(") < body.index("accepted_nodes=accepted_nodes") < body.index(
+        "update_mamba_state_after_mtp_verify(")
+    for old in ("0.5.14", "0.5.15", "0.5.16"):
+        assert "ddtree" not in (v2_trees(old) / "sglang/srt/layers/attention/linear/gdn_backend.py").read_text()
+
+
+# ------------------------------------------------------------------------------------------ 5. the 27B shape
+
+Q36 = r'''
+import json, sys
+from sglang.srt import server_args as _S
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
+from sglang.srt.speculative.dflash_utils import get_dflash_layer_types, parse_dflash_draft_config
+from sglang.srt.speculative.ddtree_v2 import hybrid
+
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+tgt, drf = sys.argv[1], sys.argv[2]
+sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy", "--attention-backend",
+                          "triton", "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
+                          "--speculative-draft-model-path", drf, "--speculative-ddtree-budget", "16",
+                          "--mamba-radix-cache-strategy", "extra_buffer", "--max-running-requests", "16",
+                          "--mamba-full-memory-ratio", "8.0"])
+get_context().set_server_args(sa)
+# one-rank stand-ins for the process groups the state-size code asks for its TP size (world of one: TP 1)
+import types
+from sglang.srt.distributed import parallel_state as ps
+_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
+                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
+                           unique_name="one")
+for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
+    setattr(ps, n, _g)
+mc = ModelConfig.from_server_args(sa)
+dc = ModelConfig.from_server_args(sa, model_path=drf, is_draft_model=True)
+gdn = hybrid_gdn_config(mc)
+params = mambaish_config(mc).mamba2_cache_params
+draft = parse_dflash_draft_config(draft_hf_config=dc.hf_config)
+per_req = int(params.mamba_cache_per_req)
+fits = {r: hybrid.max_budget(total_rest_gib=65.0, per_req_bytes=per_req, max_running_requests=r, slots_per_req=5,
+                             mamba_share=8 / 9)[0] for r in (1, 2, 4, 8, 16)}
+print("RESULT" + json.dumps({
+    "arch": mc.hf_config.architectures, "n1": sa.speculative_num_draft_tokens, "block": sa.speculative_dflash_block_size,
+    "gdn": gdn is not None, "linear_layers": len(params.layers), "per_req": per_req,
+    "heads": [gdn.linear_num_key_heads, gdn.linear_num_value_heads, gdn.linear_key_head_dim, gdn.linear_value_head_dim,
+              gdn.linear_conv_kernel_dim], "hidden": gdn.hidden_size, "layers": gdn.num_hidden_layers,
+    "ssm_dtype": str(params.dtype.temporal), "draft_layer_types": list(get_dflash_layer_types(dc.hf_config)),
+    "draft_block": draft.block_size, "target_layer_ids": list(draft.target_layer_ids or []),
+    "mask_id": draft.mask_token_id, "fits": fits}))
+'''
+
+
+def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tmp_path: Path):
+    """The e2e 27B-shape models (bench/e2e/mk_shapes.py) as SGLang 0.5.17 reads them, and the budgets the e2e
+    configurations pair with each max-running-requests value fitting the start-up check's arithmetic."""
+    import subprocess
+    import sys
+
+    base = tmp_path / "base"
+    (base / "tiny-qwen3").mkdir(parents=True)
+    subprocess.run([sys.executable, str(REPO / "bench/e2e/mk_shapes.py"), str(tmp_path / "m"), str(base)], check=True,
+                   capture_output=True)
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, Q36, str(tmp_path / "m/q36-target"),
+                             str(tmp_path / "m/q36-dflash"), fake_cuda=True))
+    assert got["arch"] == ["Qwen3_5ForConditionalGeneration"] and got["gdn"]
+    assert (got["layers"], got["hidden"], got["linear_layers"]) == (64, 5120, 48)
+    assert got["heads"] == [16, 48, 128, 128, 4]
+    assert got["ssm_dtype"] == "torch.float32"
+    assert got["per_req"] == 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 3 * 2)
+    assert (got["n1"], got["block"], got["draft_block"]) == (17, 16, 16)
+    assert got["draft_layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert got["target_layer_ids"] == [1, 16, 31, 46, 61] and got["mask_id"] == 248070
+    fits = {int(k): v for k, v in got["fits"].items()}
+    # the e2e q36 configurations (bench/e2e/hybrid17.sh): b16 at 16 requests, b32 at 8, b64 at 4, b128 at 1
+    assert fits[16] >= 16 and fits[8] >= 32 and fits[4] >= 64 and fits[1] >= 128
+    assert fits[16] < 32 and fits[8] < 64 and fits[4] < 128, "the cells left out really do not fit"
