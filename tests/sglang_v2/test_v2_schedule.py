@@ -110,11 +110,8 @@ out["round"] = {raw: [rnd.tree_round(w, raw), rnd.budget, rnd.n1] for raw in (1,
 eager = DDTreeRound.for_worker(sched, block_size=4)
 out["round_eager"] = {raw: [eager.tree_round(worker(None, None), raw), eager.budget] for raw in (7, 9, 31, 33)}
 bad = DDTreeRound.for_worker(sched, block_size=4)
-try:
-    bad.tree_round(worker(CAPTURE, [1, 2, 4, 8]), 3)
-    out["mismatch"] = "no error"
-except RuntimeError as e:
-    out["mismatch"] = str(e)
+w_bad = worker(CAPTURE, [1, 2, 4, 8, 16, 32])  # the draft's sizes decide (its tail built the tree)
+out["mismatch"] = {raw: [bad.tree_round(w_bad, raw), bad.budget] for raw in (7, 12, 20)}
 out["counts"] = [rnd.rounds, rnd.chain_rounds]
 
 # the draft graph's tail per captured size: the base's own greedy head at budget 0, the tree builders elsewhere
@@ -217,7 +214,8 @@ def test_round_budget_from_the_padded_size(sched):
     assert sched["counts"] == [0, 2]  # two chain rounds picked (finish_round counts the tree rounds it runs)
     eager = {int(k): v for k, v in sched["round_eager"].items()}
     assert eager == {7: [True, 64], 9: [True, 32], 31: [True, 16], 33: [False, 0]}  # no graphs: the raw size
-    assert "captured at batch sizes [1, 2, 4, 8, 12, 16, 24, 32] but the draft's at [1, 2, 4, 8]" in sched["mismatch"]
+    # differing capture lists: the draft's sizes decide (7 -> 8: b32; 12 -> 16: b16; 20 -> 32: the chain)
+    assert {int(k): v for k, v in sched["mismatch"].items()} == {7: [True, 32], 12: [True, 16], 20: [False, 0]}
 
 
 def test_draft_graph_tail_per_size(sched):

@@ -170,21 +170,23 @@ class DDTreeRound:
 
     # -- which budget this round --------------------------------------------------------------------------------
     def capture_sizes(self, worker: Any) -> Optional[list[int]]:
-        """The batch sizes the decode graphs were captured at (target's, else the draft's; None eagerly). Both
-        runners must pad a batch to the same size, since the draft graph's tail and the target's graph at that
-        size were captured for the same budget."""
+        """The batch sizes the decode graphs were captured at (the draft's, else the target's; None eagerly). The
+        draft graph's tail at the padded size built that size's tree, so its list decides. Should the target's
+        list differ, a round whose padded sizes disagree finds a different width in the target's graph and its
+        verify runs eagerly (correct, slower): logged once."""
         if self._capture_bs is None:
-            lists = []
-            for mr in (getattr(worker, "model_runner", None), getattr(worker, "draft_model_runner", None)):
+            lists = {}
+            for key, mr in (("draft", getattr(worker, "draft_model_runner", None)),
+                            ("target", getattr(worker, "model_runner", None))):
                 runner = getattr(mr, "decode_cuda_graph_runner", None) if mr is not None else None
                 sizes = getattr(runner, "capture_bs", None) if runner is not None else None
                 if sizes:
-                    lists.append(sorted(int(s) for s in sizes))
-            if len(lists) == 2 and lists[0] != lists[1]:
-                raise RuntimeError(f"DDTree schedule {self.schedule}: the target's decode graphs were captured at "
-                                   f"batch sizes {lists[0]} but the draft's at {lists[1]}; a schedule needs the "
-                                   "same sizes (give one budget N instead)")
-            self._capture_bs = lists[0] if lists else []
+                    lists[key] = sorted(int(s) for s in sizes)
+            if len(lists) == 2 and lists["draft"] != lists["target"]:
+                logger.warning("DDTree schedule %s: the target's decode graphs were captured at batch sizes %s but "
+                               "the draft's at %s; budgets follow the draft's sizes, and verifies whose padded size "
+                               "differs run eagerly", self.schedule, lists["target"], lists["draft"])
+            self._capture_bs = lists.get("draft") or lists.get("target") or []
         return self._capture_bs
 
     def tree_round(self, worker: Any, bs: int) -> bool:
