@@ -10,22 +10,8 @@ import numpy as np
 import pytest
 import torch
 from rt_env import needs_triton
+from rt_helpers import expected_topk as _expected
 from rt_helpers import random_logits
-
-
-def _expected(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Independent check: full stable sort in numpy of the fp32 logits, ties by token id; log-probs of those."""
-    x = logits.float()
-    lp = (x - torch.logsumexp(x, -1, keepdim=True)).numpy()
-    xs = x.numpy()
-    batch, depth, vocab = lp.shape
-    out_lp = np.empty((batch, depth, k), np.float32)
-    out_tok = np.empty((batch, depth, k), np.int64)
-    for b in range(batch):
-        for d in range(depth):
-            order = np.lexsort((np.arange(vocab), -xs[b, d].astype(np.float64)))[:k]
-            out_lp[b, d], out_tok[b, d] = lp[b, d, order], order
-    return out_lp, out_tok
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "equal", "peaked"])
