@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from rt_env import needs_triton
-from rt_helpers import expected_topk, random_logits
+from rt_helpers import expected_topk, extreme_logits, random_logits
 
 
 def _close(lp_t: torch.Tensor, lp_r: torch.Tensor) -> None:
@@ -72,12 +72,7 @@ def test_overflowing_and_gathered_rows_in_one_launch(rt, gen, dev):
 def test_select_extreme_logits(rt, gen, dev):
     """-inf entries (masked tokens), huge finite logits, signed zeros, a row with fewer finite entries than k
     (then T = -inf: all of the row is gathered, or, past the buffer, the exact fallback)."""
-    x = random_logits(gen, 1, 4, 197, "normal")
-    x[0, 0, ::3] = float("-inf")
-    x[0, 1, 40] = 3e38
-    x[0, 1, 90] = -3e38
-    x[0, 2] = torch.where(torch.arange(197) % 2 == 0, torch.tensor(0.0), torch.tensor(-0.0))
-    x[0, 3, 5:] = float("-inf")
+    x = extreme_logits(gen, 197)
     for k, cap, want in ((1, None, [0, 0, 0, 0]), (9, None, [0, 0, 0, 0]), (9, 64, [0, 0, 1, 1])):
         over = _check(rt, x.to(dev), k, numpy_oracle=False, group=8, chunk=32, cap=cap)
         assert over[0].tolist() == want, (k, cap, over)
@@ -88,15 +83,18 @@ def test_select_extreme_logits(rt, gen, dev):
 
 
 @needs_triton
-def test_select_raw_values_and_lse_strided_rows(rt, gen, dev):
+@pytest.mark.parametrize("module,plan", [("topk_select_triton", dict(group=16, chunk=64)),
+                                         ("topk_triton", dict(chunk=32, splits=2))])
+def test_raw_values_and_lse_strided_rows(rt, gen, dev, module, plan):
     """sub_lse=False returns the logits themselves, bit-exact (the tensor-parallel merge's input), and the
-    shard's log-sum-exp; a strided row (a slice of a wider buffer) is read in place."""
-    from ddtree_runtime.topk_select_triton import topk_logits_lse
+    shard's log-sum-exp; a strided row (a slice of a wider buffer) is read in place. Both kernels."""
+    import importlib
 
+    topk_logits_lse = importlib.import_module(f"ddtree_runtime.{module}").topk_logits_lse
     wide = random_logits(gen, 2, 3, 520, "normal").to(torch.bfloat16).to(dev)
     x = wide[..., :411]
     assert not x.is_contiguous()
-    vals, tok, lse = topk_logits_lse(x, 12, sub_lse=False, group=16, chunk=64)
+    vals, tok, lse = topk_logits_lse(x, 12, sub_lse=False, **plan)
     v_r, t_r, l_r = rt.topk_logits_lse(x.cpu(), 12, sub_lse=False, impl="torch")
     assert torch.equal(tok.cpu(), t_r) and torch.equal(vals.cpu(), v_r)
     assert torch.equal(vals.cpu(), x.cpu().float().gather(-1, t_r))

@@ -28,7 +28,7 @@ import triton.language as tl
 from ._dispatch import next_pow2
 from ._triton_keys import score_from_key, score_key, smallest
 from .topk_ref import TOKEN_BITS
-from .topk_triton import _sm_count, launch_exact, rows_of
+from .topk_triton import _sm_count, launch_exact, rows_of, splits_lse
 
 INVALID = tl.constexpr((1 << 63) - 1)
 DEFAULT_GROUP = 128  # 256 bytes of bf16 per group: 1,187 groups over Qwen3's 151,936 tokens
@@ -69,12 +69,7 @@ def _threshold_gather_kernel(x_ptr, stride_row, gmax_ptr, m_ptr, s_ptr, gidx_ptr
                              TOKEN_SHIFT: tl.constexpr):
     """Pass 2: log-sum-exp, threshold T, gather of the entries >= T, their top-k (or the overflow flag)."""
     row = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, SP)
-    mi = tl.load(m_ptr + row * SPLITS + i, mask=i < SPLITS, other=float("-inf"))
-    si = tl.load(s_ptr + row * SPLITS + i, mask=i < SPLITS, other=0.0)
-    big = tl.max(mi, 0)
-    big_safe = tl.where(big == float("-inf"), 0.0, big)
-    lse = big_safe + tl.log(tl.sum(si * tl.exp(mi - big_safe), 0))
+    lse = splits_lse(m_ptr, s_ptr, row, SPLITS, SP)
     tl.store(lse_ptr + row, lse)
 
     g = tl.arange(0, NGP)

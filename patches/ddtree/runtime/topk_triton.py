@@ -1,4 +1,8 @@
-"""Per-depth draft candidates in one pass over the logits (Triton).
+"""Per-depth draft candidates in one pass over the logits (Triton): the exact streaming kernel.
+
+The runtime's fast path is :mod:`.topk_select_triton` (threshold then gather); it launches this kernel, gated
+per row, for the rows that overflow its candidate buffer. Exact on any row, but compute bound on random-looking
+rows (a running-top-k merge per chunk).
 
 The chain's draft head costs one read of the logits (argmax). This kernel is built to cost about the same:
 
@@ -114,14 +118,20 @@ def _merge_splits_kernel(sc_ptr, m_ptr, s_ptr, val_ptr, id_ptr, lse_ptr, flag_pt
 
 
 @triton.jit
-def _merge_splits_body(sc_ptr, m_ptr, s_ptr, val_ptr, id_ptr, lse_ptr, SPLITS, K, KP: tl.constexpr,
-                       SP: tl.constexpr, CP: tl.constexpr, SUB_LSE: tl.constexpr, TOKEN_SHIFT: tl.constexpr, row):
+def splits_lse(m_ptr, s_ptr, row, SPLITS, SP: tl.constexpr):
+    """A row's log-sum-exp from its splits' online max / sum-exp (-inf for an all -inf row)."""
     i = tl.arange(0, SP)
     mi = tl.load(m_ptr + row * SPLITS + i, mask=i < SPLITS, other=float("-inf"))
     si = tl.load(s_ptr + row * SPLITS + i, mask=i < SPLITS, other=0.0)
     big = tl.max(mi, 0)
     big_safe = tl.where(big == float("-inf"), 0.0, big)
-    lse = big_safe + tl.log(tl.sum(si * tl.exp(mi - big_safe), 0))
+    return big_safe + tl.log(tl.sum(si * tl.exp(mi - big_safe), 0))
+
+
+@triton.jit
+def _merge_splits_body(sc_ptr, m_ptr, s_ptr, val_ptr, id_ptr, lse_ptr, SPLITS, K, KP: tl.constexpr,
+                       SP: tl.constexpr, CP: tl.constexpr, SUB_LSE: tl.constexpr, TOKEN_SHIFT: tl.constexpr, row):
+    lse = splits_lse(m_ptr, s_ptr, row, SPLITS, SP)
     j = tl.arange(0, CP)
     keys = tl.load(sc_ptr + (row * SPLITS + j // KP) * (2 * KP) + j % KP, mask=j < SPLITS * KP, other=INVALID)
     top = smallest(keys, KP)
