@@ -42,6 +42,7 @@ def test_smoke_run_writes_results(tmp_path):
     for row in result["rows"]:
         assert row["tokens_equal_reference"] and row["max_logprob_diff"] < 1e-5
         assert row["chain_head_argmax_us"] > 0 and row["topk_us"] > 0
+        assert row["overflow_rows"] == 0 and row["streaming_kernel_us"] > 0  # the gather path was timed
     assert result["verdict"]["met"] is None  # a CPU run makes no timing claim
     md = (tmp_path / "draft-topk-smoke.md").read_text()
     assert "no claim" in md and "| 2 | 4 | 16 |" in md

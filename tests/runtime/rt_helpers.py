@@ -24,6 +24,33 @@ def random_logits(gen: torch.Generator, batch: int, depth: int, vocab: int, kind
     raise ValueError(kind)
 
 
+def extreme_logits(gen: torch.Generator, vocab: int) -> torch.Tensor:
+    """[1, 4, vocab]: -inf every third token (masked), one huge and one hugely negative finite logit, signed
+    zeros alternating (+0.0 ranks above -0.0 in the key order), and a row with only 5 finite entries."""
+    x = random_logits(gen, 1, 4, vocab, "normal")
+    x[0, 0, ::3] = float("-inf")
+    x[0, 1, 40] = 3e38
+    x[0, 1, 90] = -3e38
+    x[0, 2] = torch.where(torch.arange(vocab) % 2 == 0, torch.tensor(0.0), torch.tensor(-0.0))
+    x[0, 3, 5:] = float("-inf")
+    return x
+
+
+def expected_topk(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Independent check: full stable sort in numpy of the fp32 logits, ties by token id; log-probs of those."""
+    x = logits.float()
+    lp = (x - torch.logsumexp(x, -1, keepdim=True)).numpy()
+    xs = x.numpy()
+    batch, depth, vocab = lp.shape
+    out_lp = np.empty((batch, depth, k), np.float32)
+    out_tok = np.empty((batch, depth, k), np.int64)
+    for b in range(batch):
+        for d in range(depth):
+            order = np.lexsort((np.arange(vocab), -xs[b, d].astype(np.float64)))[:k]
+            out_lp[b, d], out_tok[b, d] = lp[b, d, order], order
+    return out_lp, out_tok
+
+
 def assert_same(a, b, fields, what: str = "") -> None:
     for f in fields:
         x, y = getattr(a, f), getattr(b, f)

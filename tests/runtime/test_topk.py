@@ -10,22 +10,8 @@ import numpy as np
 import pytest
 import torch
 from rt_env import needs_triton
-from rt_helpers import random_logits
-
-
-def _expected(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Independent check: full stable sort in numpy of the fp32 logits, ties by token id; log-probs of those."""
-    x = logits.float()
-    lp = (x - torch.logsumexp(x, -1, keepdim=True)).numpy()
-    xs = x.numpy()
-    batch, depth, vocab = lp.shape
-    out_lp = np.empty((batch, depth, k), np.float32)
-    out_tok = np.empty((batch, depth, k), np.int64)
-    for b in range(batch):
-        for d in range(depth):
-            order = np.lexsort((np.arange(vocab), -xs[b, d].astype(np.float64)))[:k]
-            out_lp[b, d], out_tok[b, d] = lp[b, d, order], order
-    return out_lp, out_tok
+from rt_helpers import expected_topk as _expected
+from rt_helpers import extreme_logits, random_logits
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "equal", "peaked"])
@@ -85,12 +71,7 @@ def test_kernel_matches_reference(rt, gen, dev, batch, depth, vocab, k, kind, dt
 def test_kernel_extreme_logits(rt, gen, dev):
     """-inf entries (masked tokens), huge finite logits (online max rescaling), signed zeros, a row with fewer
     finite entries than k: -inf candidates then come in token-id order, as in the reference."""
-    x = random_logits(gen, 1, 4, 97, "normal")
-    x[0, 0, ::3] = float("-inf")
-    x[0, 1, 40] = 3e38
-    x[0, 1, 90] = -3e38
-    x[0, 2] = torch.where(torch.arange(97) % 2 == 0, torch.tensor(0.0), torch.tensor(-0.0))
-    x[0, 3, 5:] = float("-inf")
+    x = extreme_logits(gen, 97)
     for k in (1, 9):
         lp_t, tok_t = _kernel(x.to(dev), k, chunk=16, splits=3)
         lp_r, tok_r = rt.draft_topk(x, k, impl="torch")
@@ -98,21 +79,6 @@ def test_kernel_extreme_logits(rt, gen, dev):
         _close(lp_t, lp_r)
     assert sorted(tok_t[0, 3, :5].tolist()) == [0, 1, 2, 3, 4] and tok_t[0, 3, 5:].tolist() == [5, 6, 7, 8]
     assert torch.isinf(lp_t[0, 3, 5:]).all()
-
-
-@needs_triton
-def test_kernel_raw_values_and_lse_for_the_tp_merge(rt, gen, dev):
-    """sub_lse=False returns the logits themselves (bit-exact: what a tensor-parallel rank gathers) and the
-    shard's log-sum-exp; a strided row (a slice of a wider buffer) is read in place."""
-    from ddtree_runtime.topk_triton import topk_logits_lse
-
-    wide = random_logits(gen, 1, 5, 260, "normal").to(dev)
-    x = wide[..., :211]
-    vals, tok, lse = topk_logits_lse(x, 12, sub_lse=False, chunk=32, splits=2)
-    v_r, t_r, l_r = rt.topk_logits_lse(x.cpu(), 12, sub_lse=False, impl="torch")
-    assert torch.equal(tok.cpu(), t_r) and torch.equal(vals.cpu(), v_r)
-    assert torch.equal(vals.cpu(), x.cpu().float().gather(-1, t_r))
-    _close(lse, l_r)
 
 
 @needs_triton

@@ -13,10 +13,11 @@ def topk_logits_lse(logits: torch.Tensor, k: int, sub_lse: bool = True,
 
     Values are log-probs (``sub_lse``) or the raw fp32 logits (what a tensor-parallel rank gathers with its
     shard's log-sum-exp). Ranks by descending logit, ties by ascending token id. The triton path reads the
-    logits once (:mod:`.topk_triton`); both are sync-free.
+    logits about once (threshold then gather, :mod:`.topk_select_triton`, with the exact streaming kernel of
+    :mod:`.topk_triton` for rows that overflow its candidate buffer); both are sync-free.
     """
     if use_triton(impl, logits):
-        from .topk_triton import topk_logits_lse as fused
+        from .topk_select_triton import topk_logits_lse as fused
 
         return fused(logits, k, sub_lse=sub_lse)
     return topk_logits_lse_torch(logits, k, sub_lse=sub_lse)

@@ -1,4 +1,8 @@
-"""Per-depth draft candidates in one pass over the logits (Triton).
+"""Per-depth draft candidates in one pass over the logits (Triton): the exact streaming kernel.
+
+The runtime's fast path is :mod:`.topk_select_triton` (threshold then gather); it launches this kernel, gated
+per row, for the rows that overflow its candidate buffer. Exact on any row, but compute bound on random-looking
+rows (a running-top-k merge per chunk).
 
 The chain's draft head costs one read of the logits (argmax). This kernel is built to cost about the same:
 
@@ -44,9 +48,19 @@ def _ordered(x):
 
 
 @triton.jit
-def _split_topk_kernel(x_ptr, stride_row, m_ptr, s_ptr, sc_ptr, V, SPLITS, SPLIT_LEN: tl.constexpr,
-                       CHUNK: tl.constexpr, KP: tl.constexpr, TOKEN_SHIFT: tl.constexpr):
+def _split_topk_kernel(x_ptr, stride_row, m_ptr, s_ptr, sc_ptr, flag_ptr, V, SPLITS, SPLIT_LEN: tl.constexpr,
+                       CHUNK: tl.constexpr, KP: tl.constexpr, TOKEN_SHIFT: tl.constexpr, GATED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    run = True
+    if GATED:  # the exact fallback of :mod:`.topk_select_triton`: only rows whose flag is set do any work
+        run = tl.load(flag_ptr + row) != 0
+    if run:
+        _split_topk_body(x_ptr, stride_row, m_ptr, s_ptr, sc_ptr, V, SPLITS, SPLIT_LEN, CHUNK, KP, TOKEN_SHIFT, row)
+
+
+@triton.jit
+def _split_topk_body(x_ptr, stride_row, m_ptr, s_ptr, sc_ptr, V, SPLITS, SPLIT_LEN: tl.constexpr,
+                     CHUNK: tl.constexpr, KP: tl.constexpr, TOKEN_SHIFT: tl.constexpr, row):
     split = tl.program_id(1)
     prog = row * SPLITS + split
     sc = sc_ptr + prog * (2 * KP)  # [0, KP): running top-k keys (ascending); [KP, 2KP): this chunk's candidates
@@ -91,16 +105,33 @@ def _split_topk_kernel(x_ptr, stride_row, m_ptr, s_ptr, sc_ptr, V, SPLITS, SPLIT
 
 
 @triton.jit
-def _merge_splits_kernel(sc_ptr, m_ptr, s_ptr, val_ptr, id_ptr, lse_ptr, SPLITS, K,
+def _merge_splits_kernel(sc_ptr, m_ptr, s_ptr, val_ptr, id_ptr, lse_ptr, flag_ptr, SPLITS, K,
                          KP: tl.constexpr, SP: tl.constexpr, CP: tl.constexpr, SUB_LSE: tl.constexpr,
-                         TOKEN_SHIFT: tl.constexpr):
+                         TOKEN_SHIFT: tl.constexpr, GATED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    run = True
+    if GATED:
+        run = tl.load(flag_ptr + row) != 0
+    if run:
+        _merge_splits_body(sc_ptr, m_ptr, s_ptr, val_ptr, id_ptr, lse_ptr, SPLITS, K, KP, SP, CP, SUB_LSE,
+                           TOKEN_SHIFT, row)
+
+
+@triton.jit
+def splits_lse(m_ptr, s_ptr, row, SPLITS, SP: tl.constexpr):
+    """A row's log-sum-exp from its splits' online max / sum-exp (-inf for an all -inf row)."""
     i = tl.arange(0, SP)
     mi = tl.load(m_ptr + row * SPLITS + i, mask=i < SPLITS, other=float("-inf"))
     si = tl.load(s_ptr + row * SPLITS + i, mask=i < SPLITS, other=0.0)
     big = tl.max(mi, 0)
     big_safe = tl.where(big == float("-inf"), 0.0, big)
-    lse = big_safe + tl.log(tl.sum(si * tl.exp(mi - big_safe), 0))
+    return big_safe + tl.log(tl.sum(si * tl.exp(mi - big_safe), 0))
+
+
+@triton.jit
+def _merge_splits_body(sc_ptr, m_ptr, s_ptr, val_ptr, id_ptr, lse_ptr, SPLITS, K, KP: tl.constexpr,
+                       SP: tl.constexpr, CP: tl.constexpr, SUB_LSE: tl.constexpr, TOKEN_SHIFT: tl.constexpr, row):
+    lse = splits_lse(m_ptr, s_ptr, row, SPLITS, SP)
     j = tl.arange(0, CP)
     keys = tl.load(sc_ptr + (row * SPLITS + j // KP) * (2 * KP) + j % KP, mask=j < SPLITS * KP, other=INVALID)
     top = smallest(keys, KP)
@@ -130,20 +161,23 @@ def plan(rows: int, vocab: int, kp: int, chunk: int, device: torch.device) -> tu
     return triton.cdiv(vocab, split_len), split_len
 
 
-def topk_logits_lse(logits: torch.Tensor, k: int, *, sub_lse: bool = True, chunk: int | None = None,
-                    splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[..., V] -> (values fp32 [..., k], token ids int64 [..., k], log-sum-exp fp32 [...]).
-
-    Values are log-probs (logit - lse) when ``sub_lse``, else the raw fp32 logits (what a tensor-parallel rank
-    gathers). ``chunk`` (a power of two) and ``splits`` override the plan; tests use small ones to cross tiles.
-    """
+def rows_of(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """Validate, and view [..., V] as [rows, V] with unit column stride (strided rows are read in place)."""
     vocab = int(logits.shape[-1])
     check_topk_args(vocab, k)
-    lead = tuple(logits.shape[:-1])
     x = logits.reshape(-1, vocab)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    rows = int(x.shape[0])
+    return x, tuple(logits.shape[:-1])
+
+
+def launch_exact(x: torch.Tensor, k: int, vals: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor, *,
+                 sub_lse: bool, flag: torch.Tensor | None = None, chunk: int | None = None,
+                 splits: int | None = None) -> None:
+    """The two exact kernels on [rows, V] into ``vals`` / ``ids`` [rows, k] and ``lse`` [rows]. With ``flag``
+    (int32 [rows]) only the flagged rows are computed: the others' programs return at once, so the launch has a
+    fixed grid (CUDA-graph capturable) and costs next to nothing when no row is flagged."""
+    rows, vocab = int(x.shape[0]), int(x.shape[1])
     kp = next_pow2(k)
     chunk = max(kp, next_pow2(chunk or min(DEFAULT_CHUNK, next_pow2(vocab))))
     if splits is None:
@@ -151,21 +185,34 @@ def topk_logits_lse(logits: torch.Tensor, k: int, *, sub_lse: bool = True, chunk
     else:
         split_len = triton.cdiv(triton.cdiv(vocab, chunk), splits) * chunk
         n_splits = triton.cdiv(vocab, split_len)
-    dev = x.device
-    vals = torch.empty((rows, k), device=dev, dtype=torch.float32)
-    ids = torch.empty((rows, k), device=dev, dtype=torch.int64)
-    lse = torch.empty((rows,), device=dev, dtype=torch.float32)
-    if rows == 0:
-        return vals.view(*lead, k), ids.view(*lead, k), lse.view(lead)
-    m = torch.empty((rows * n_splits,), device=dev, dtype=torch.float32)
+    m = torch.empty((rows * n_splits,), device=x.device, dtype=torch.float32)
     s = torch.empty_like(m)
-    scratch = torch.empty((rows * n_splits, 2 * kp), device=dev, dtype=torch.int64)
-    _split_topk_kernel[(rows, n_splits)](x, x.stride(0), m, s, scratch, vocab, n_splits, split_len,
-                                         CHUNK=chunk, KP=kp, TOKEN_SHIFT=TOKEN_BITS,
+    scratch = torch.empty((rows * n_splits, 2 * kp), device=x.device, dtype=torch.int64)
+    gated = flag is not None
+    flag = flag if gated else m  # never read when not gated
+    _split_topk_kernel[(rows, n_splits)](x, x.stride(0), m, s, scratch, flag, vocab, n_splits, split_len,
+                                         CHUNK=chunk, KP=kp, TOKEN_SHIFT=TOKEN_BITS, GATED=gated,
                                          num_warps=8 if chunk >= 2048 else 4)
-    _merge_splits_kernel[(rows,)](scratch, m, s, vals, ids, lse, n_splits, k, KP=kp,
+    _merge_splits_kernel[(rows,)](scratch, m, s, vals, ids, lse, flag, n_splits, k, KP=kp,
                                   SP=next_pow2(n_splits, 2), CP=next_pow2(n_splits * kp), SUB_LSE=sub_lse,
-                                  TOKEN_SHIFT=TOKEN_BITS, num_warps=4 if n_splits * kp <= 1024 else 8)
+                                  TOKEN_SHIFT=TOKEN_BITS, GATED=gated,
+                                  num_warps=4 if n_splits * kp <= 1024 else 8)
+
+
+def topk_logits_lse(logits: torch.Tensor, k: int, *, sub_lse: bool = True, chunk: int | None = None,
+                    splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[..., V] -> (values fp32 [..., k], token ids int64 [..., k], log-sum-exp fp32 [...]).
+
+    Values are log-probs (logit - lse) when ``sub_lse``, else the raw fp32 logits (what a tensor-parallel rank
+    gathers). ``chunk`` (a power of two) and ``splits`` override the plan; tests use small ones to cross tiles.
+    """
+    x, lead = rows_of(logits, k)
+    rows = int(x.shape[0])
+    vals = torch.empty((rows, k), device=x.device, dtype=torch.float32)
+    ids = torch.empty((rows, k), device=x.device, dtype=torch.int64)
+    lse = torch.empty((rows,), device=x.device, dtype=torch.float32)
+    if rows:
+        launch_exact(x, k, vals, ids, lse, sub_lse=sub_lse, chunk=chunk, splits=splits)
     return vals.view(*lead, k), ids.view(*lead, k), lse.view(lead)
 
 
