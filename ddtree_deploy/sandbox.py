@@ -253,11 +253,8 @@ def host_document(name: str, sglang: str, server_port: int, venv: str, release_r
         "sandbox": True,
         "server": {
             "kind": "managed",
-            # the emulated GPU round cost (a fixed part per step, a part per verified token of the batch) gives
-            # bench and tune the shape of a real verify; see ddtree_deploy/refengine/README.md
-            "command": "{python} -m ddtree_refengine --host {host} --port {port} --step-cost-ms 4 "
-                       "--verify-token-cost-us 60 {ddtree_flags}",
-            "ddtree_flags": "--speculative-algorithm DFLASH --speculative-ddtree-budget 16",
+            "command": "{python} -m ddtree_refengine --host {host} --port {port} {ddtree_flags}",
+            "ddtree_flags": "--speculative-algorithm DDTREE --ddtree-budget 16",
             "host": "127.0.0.1",
             "port": server_port,
             "stop_timeout": 10.0,
