@@ -217,8 +217,9 @@ def main() -> int:
     rs = load_results(raw)
     summary = {"kernels": kernels_section(kernels), "lossless": lossless_section(rs), "round_27b": round_section(rs, raw),
                "configs": {n: {k: d.get(k) for k in ("ok", "error", "startup_s", "total_s")} for n, d in rs.items()}}
-    stem.with_suffix(".json").write_text(json.dumps(summary, indent=1))
-    stem.with_suffix(".md").write_text(render(summary))
+    # Not with_suffix: the version dots of the stem ("hybrid-0.5.17-h200") would be taken for a suffix.
+    (stem.parent / f"{stem.name}.json").write_text(json.dumps(summary, indent=1))
+    (stem.parent / f"{stem.name}.md").write_text(render(summary))
     print(render(summary))
     return 0
 
