@@ -1,31 +1,24 @@
 """DDTree runtime kernels on a real GPU: compiled Triton vs the torch references at serving sizes.
 
-Runs under pytest (marked ``gpu``, skipped without CUDA) and also as a plain script
-(``python tests/gpu/test_runtime_gpu.py``) for GPU hosts without pytest. Inputs are random with a per-run seed
+Pytest tests, marked ``gpu`` and skipped without CUDA: ``python -m pytest -m gpu tests/gpu/test_runtime_gpu.py``
+(or ``make test-gpu``). Inputs are random with a per-run seed
 (``DDTREE_TEST_SEED`` replays one). Speed is measured in bench/bench_runtime.py, never here.
 """
 from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 
+import pytest
 import torch
-
-try:
-    import pytest
-except ImportError:  # script mode on a bare GPU image
-    pytest = None
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
 sys.path[:0] = [str(ROOT / "tests" / "runtime"), str(ROOT)]
 from ddtree_deploy.refengine.runtime_loader import load_runtime  # noqa: E402
 
-if pytest is not None:
-    pytestmark = [pytest.mark.gpu,
-                  pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 SEED = int(os.environ.get("DDTREE_TEST_SEED", str(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF)))
 TREE_FIELDS = ("token", "parent", "depth", "score", "first_child", "next_sibling", "num_nodes")
@@ -255,28 +248,3 @@ def test_self_test_on_gpu():
     report = rt.self_test("cuda")
     assert report["ok"] and report["impl"] == "triton", report
 
-
-def _main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: skipped")
-        return 0
-    print(f"DDTREE_TEST_SEED={SEED}  {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    failed = 0
-    order = ["test_self_test_on_gpu", "test_draft_topk_full_vocab", "test_sample_target_tokens",
-             "test_round_has_no_host_sync_and_replays_in_a_cuda_graph", "test_build_tree_and_verify_inputs",
-             "test_accept_walk_and_compaction", "test_zz_budget_1024"]
-    tests = [(n, globals()[n]) for n in order]
-    assert {n for n in globals() if n.startswith("test_")} == set(order), "script order lists every test"
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"PASS {name}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
-    print(f"{failed} failed")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

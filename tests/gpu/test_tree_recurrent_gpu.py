@@ -1,7 +1,7 @@
 """GPU check of the recurrent-state branching kernels at model shapes (Qwen3-Next-like heads, DDTree trees).
 
-Runs under pytest (marked ``gpu``, skipped without CUDA) or as a plain script:
-``python tests/gpu/test_tree_recurrent_gpu.py`` (prints one line per check, exit code 1 on any failure).
+Pytest tests, marked ``gpu`` and skipped without CUDA: ``python -m pytest -m gpu tests/gpu/test_tree_recurrent_gpu.py``
+(or ``make test-gpu``); ``DDTREE_GPU_DRYRUN=1 TRITON_INTERPRET=1`` in front runs them on CPU at small shapes.
 The oracle is independent of the tree code: every node's root->node path is run as an ordinary chain in float64
 (all nodes at once, one step per depth).
 """
@@ -10,15 +10,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import time
 from pathlib import Path
 
+import pytest
 import torch
-
-try:
-    import pytest
-except ImportError:  # plain-script mode on a machine without pytest
-    pytest = None
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
@@ -32,13 +27,11 @@ def load_runtime(name: str = "ddtree_runtime"):
     return load_runtime_dir(RUNTIME_DIR, module_name=name), importlib.import_module(f"{name}.tree_recurrent")
 
 
-if pytest is not None:
-    pytestmark = [pytest.mark.gpu,
-                  pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
 # DDTREE_GPU_DRYRUN=1 runs the same checks on CPU through the Triton interpreter at small shapes (to try the
-# script without a GPU); the real run uses model shapes on CUDA.
+# tests without a GPU); the real run uses model shapes on CUDA.
 DRY = os.environ.get("DDTREE_GPU_DRYRUN") == "1"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not DRY and not torch.cuda.is_available(),
+                                                  reason="needs a CUDA device (DDTREE_GPU_DRYRUN=1 tries it on CPU)")]
 if DRY:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 DEV = "cpu" if DRY else "cuda"
@@ -243,22 +236,3 @@ def test_commit_bitwise_and_drift_free():
         n = int(lens[b, a[b]])
         assert torch.equal(st_chain[b, n - 1], st[b, a[b]]), f"request {b}: chain replay differs from the tree state"
 
-
-TESTS = [test_gdn_model_shapes_vs_float64_paths, test_gdn_bf16_small_batch_vs_reference,
-         test_conv_model_shapes_vs_float64_paths, test_commit_bitwise_and_drift_free]
-
-if __name__ == "__main__":
-    if not DRY and not torch.cuda.is_available():
-        print("no CUDA device: nothing to run (DDTREE_GPU_DRYRUN=1 tries it on CPU)")
-        sys.exit(0)
-    print(f"DDTREE_TEST_SEED={SEED} device={'cpu (dry run)' if DRY else torch.cuda.get_device_name()}")
-    failed = 0
-    for fn in TESTS:
-        t0 = time.time()
-        try:
-            fn()
-            print(f"PASS {fn.__name__} ({time.time() - t0:.1f}s)", flush=True)
-        except Exception as e:  # report every check, then fail
-            failed += 1
-            print(f"FAIL {fn.__name__}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
-    sys.exit(1 if failed else 0)

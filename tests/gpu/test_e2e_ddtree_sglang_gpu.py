@@ -6,24 +6,20 @@ overlay built into ``.e2e/overlay`` (``ddtree-deploy patchset build ddtree --bas
 H200) and checks the report: greedy output identical to autoregressive decoding for every DDTree budget and batch,
 a stop token inside the accepted path honoured, and DDTree acceptance above the DFlash chain at the same drafter and
 rising with the budget (agreeing tiny models, bench/e2e/mk_agree.py). Speed is measured by the bench, never here.
-Also runnable as a plain script: ``python tests/gpu/e2e_ddtree_sglang_test.py``.
+Run it with ``python -m pytest -m gpu tests/gpu/test_e2e_ddtree_sglang_gpu.py`` (or ``make test-gpu``).
 """
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = "agree-ar,agree-chain,agree-ddtree-b4,agree-ddtree-b15,agree-ddtree-b64,agree-ddtree-b64-graph"
-
-try:
-    import pytest
-except ImportError:  # script mode
-    pytest = None
 
 
 def _skip_reason() -> str | None:
@@ -38,9 +34,8 @@ def _skip_reason() -> str | None:
     return None
 
 
-if pytest is not None:
-    pytestmark = [pytest.mark.gpu, pytest.mark.slow,
-                  pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+              pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
 
 
 def _run() -> dict:
@@ -67,11 +62,3 @@ def test_ddtree_lossless_and_accepts_more_than_the_chain():
     assert acc["agree-ddtree-b64"] > acc["agree-ddtree-b15"] >= acc["agree-ddtree-b4"] >= acc["agree-chain"]
     assert acc["agree-ddtree-b64-graph"] == acc["agree-ddtree-b64"]
 
-
-if __name__ == "__main__":
-    reason = _skip_reason()
-    if reason:
-        print("SKIP:", reason)
-        sys.exit(0)
-    test_ddtree_lossless_and_accepts_more_than_the_chain()
-    print("ok")
