@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from cli_inproc import run_cli
 
 from ddtree_deploy import abi
 
@@ -36,8 +35,9 @@ def fx(name: str, **edits: Any) -> dict[str, Any]:
     return facts
 
 
-def severities(findings: list[abi.Finding], rule: str) -> list[str]:
-    return [f.severity for f in findings if f.rule == rule]
+def pairs(findings: list[abi.Finding]) -> list[tuple[str, str]]:
+    """What a rule said, as (rule, severity): a finding filed under the wrong rule fails as surely as a wrong severity."""
+    return [(f.rule, f.severity) for f in findings]
 
 
 def test_fixtures_are_real_fact_records() -> None:
@@ -53,51 +53,51 @@ def test_fixtures_are_real_fact_records() -> None:
 
 CU130, CU128, NOGPU, PINS = "cu130-h200-driver580", "cu128-driver570", "no-gpu", "kernel-pins-other-torch"
 
-# (case id, rule, facts, expected severities of that rule's findings — [] means silent)
-HOST_CASES: list[tuple[str, Callable[[str, dict[str, Any]], list[abi.Finding]], dict[str, Any], list[str]]] = [
+# (case id, rule, facts, expected (rule, severity) of its findings — [] means silent)
+HOST_CASES: list[tuple[str, Callable[[str, dict[str, Any]], list[abi.Finding]], dict[str, Any], list[tuple[str, str]]]] = [
     # driver vs CUDA runtime
     ("driver: cu130 on driver 580 is fine", abi.rule_driver_supports_cuda, fx(CU130), []),
     ("driver: cu128 on driver 570 is fine", abi.rule_driver_supports_cuda, fx(CU128), []),
     ("driver: cu130 torch on the 570 host", abi.rule_driver_supports_cuda,
-     fx(CU128, torch__version="2.11.0+cu130", torch__local="cu130", torch__cuda="13.0"), ["error"]),
+     fx(CU128, torch__version="2.11.0+cu130", torch__local="cu130", torch__cuda="13.0"), [("driver-cuda", "error")]),
     ("driver: CUDA 12 torch on a 520 driver", abi.rule_driver_supports_cuda,
-     fx(CU128, gpu__driver="520.61.05", gpu__cuda_max="11.8"), ["error"]),
+     fx(CU128, gpu__driver="520.61.05", gpu__cuda_max="11.8"), [("driver-cuda", "error")]),
     ("driver: CUDA torch, no driver at all", abi.rule_driver_supports_cuda,
-     fx(NOGPU, torch__version="2.11.0+cu128", torch__local="cu128", torch__cuda="12.8"), ["warning"]),
-    ("driver: same major, older minor", abi.rule_driver_supports_cuda, fx(CU128, gpu__cuda_max="12.4"), ["warning"]),
+     fx(NOGPU, torch__version="2.11.0+cu128", torch__local="cu128", torch__cuda="12.8"), [("driver-cuda", "warning")]),
+    ("driver: same major, older minor", abi.rule_driver_supports_cuda, fx(CU128, gpu__cuda_max="12.4"), [("driver-cuda", "warning")]),
     ("driver: cpu torch without GPU is silent", abi.rule_driver_supports_cuda, fx(NOGPU), []),
     # GPU arch vs arch list
     ("arch: H200 sm_90 in the cu130 list", abi.rule_gpu_arch_in_arch_list, fx(CU130), []),
     ("arch: H100 sm_90 in the cu128 list", abi.rule_gpu_arch_in_arch_list, fx(CU128), []),
     ("arch: V100 sm_70 on cu130 (Volta dropped)", abi.rule_gpu_arch_in_arch_list,
-     fx(CU130, gpu__gpus=[{"index": 0, "name": "Tesla V100-SXM2-32GB", "compute_cap": "7.0", "memory_mib": 32768}]), ["error"]),
-    ("arch: sm_90 only through PTX", abi.rule_gpu_arch_in_arch_list, fx(CU130, torch__arch_list=["sm_80", "compute_80"]), ["warning"]),
+     fx(CU130, gpu__gpus=[{"index": 0, "name": "Tesla V100-SXM2-32GB", "compute_cap": "7.0", "memory_mib": 32768}]), [("gpu-arch", "error")]),
+    ("arch: sm_90 only through PTX", abi.rule_gpu_arch_in_arch_list, fx(CU130, torch__arch_list=["sm_80", "compute_80"]), [("gpu-arch", "warning")]),
     ("arch: sm_90a build does not run on sm_89", abi.rule_gpu_arch_in_arch_list,
-     fx(CU130, torch__arch_list=["sm_90a"], gpu__gpus=[{"index": 0, "name": "NVIDIA L40S", "compute_cap": "8.9"}]), ["error"]),
+     fx(CU130, torch__arch_list=["sm_90a"], gpu__gpus=[{"index": 0, "name": "NVIDIA L40S", "compute_cap": "8.9"}]), [("gpu-arch", "error")]),
     ("arch: GPUs but a CPU torch", abi.rule_gpu_arch_in_arch_list,
-     fx(CU130, torch__version="2.11.0+cpu", torch__local="cpu", torch__cuda=None, torch__arch_list=[]), ["error"]),
+     fx(CU130, torch__version="2.11.0+cpu", torch__local="cpu", torch__cuda=None, torch__arch_list=[]), [("gpu-arch", "error")]),
     ("arch: no GPU is silent", abi.rule_gpu_arch_in_arch_list, fx(NOGPU), []),
     # torch pins of installed packages
     ("pins: sglang ==2.11.0 matches 2.11.0+cu130 (PEP 440)", abi.rule_torch_pins, fx(CU130), []),
-    ("pins: sgl-kernel built for torch 2.9.1", abi.rule_torch_pins, fx(PINS), ["error"]),
-    ("pins: sglang 0.5.11 on torch 2.13 (the sandbox)", abi.rule_torch_pins, fx(NOGPU), ["warning"]),
+    ("pins: sgl-kernel built for torch 2.9.1", abi.rule_torch_pins, fx(PINS), [("torch-pins", "error")]),
+    ("pins: sglang 0.5.11 on torch 2.13 (the sandbox)", abi.rule_torch_pins, fx(NOGPU), [("torch-pins", "warning")]),
     # torch importable
     ("torch: imports", abi.rule_torch_importable, fx(CU130), []),
     ("torch: broken import", abi.rule_torch_importable,
-     fx(CU130, torch__status="broken", torch__error="libc10.so: cannot open shared object file"), ["error"]),
-    ("torch: import hangs", abi.rule_torch_importable, fx(CU130, torch__status="timeout"), ["error"]),
-    ("torch: not installed", abi.rule_torch_importable, fx(NOGPU, torch__status="missing"), ["warning"]),
+     fx(CU130, torch__status="broken", torch__error="libc10.so: cannot open shared object file"), [("torch-importable", "error")]),
+    ("torch: import hangs", abi.rule_torch_importable, fx(CU130, torch__status="timeout"), [("torch-importable", "error")]),
+    ("torch: not installed", abi.rule_torch_importable, fx(NOGPU, torch__status="missing"), [("torch-importable", "warning")]),
     # compiled files vs glibc
     ("glibc: real host", abi.rule_compiled_glibc, fx(NOGPU), []),
-    ("glibc: host older than the .so needs", abi.rule_compiled_glibc, fx(NOGPU, glibc="2.31"), ["error"]),
+    ("glibc: host older than the .so needs", abi.rule_compiled_glibc, fx(NOGPU, glibc="2.31"), [("compiled-glibc", "error")]),
 ]
 
 
 @pytest.mark.parametrize("case,rule,facts,expected", HOST_CASES, ids=[c[0] for c in HOST_CASES])
 def test_host_rule(case: str, rule: Callable[[str, dict[str, Any]], list[abi.Finding]], facts: dict[str, Any],
-                   expected: list[str]) -> None:
+                   expected: list[tuple[str, str]]) -> None:
     findings = rule("h", facts)
-    assert [f.severity for f in findings] == expected, [f.what for f in findings]
+    assert pairs(findings) == expected, [f.what for f in findings]
     for f in findings:
         assert f.host == "h" and f.what and f.why and f.fix
 
@@ -105,73 +105,74 @@ def test_host_rule(case: str, rule: Callable[[str, dict[str, Any]], list[abi.Fin
 OVERLAY_CASES = [
     ("same build: silent", fx(CU130), fx(CU130), True, []),
     ("not compiled: silent", fx(CU128), fx(CU130), False, []),
-    ("cu130 build onto cu128", fx(CU128), fx(CU130), True, ["error", "error"]),  # CUDA tag and torch.version.cuda
-    ("other torch release", fx(CU130, torch__release="2.10.0", torch__version="2.10.0+cu130"), fx(CU130), True, ["error"]),
-    ("other python ABI", fx(CU130, python__abi_tag="cp312"), fx(CU130), True, ["error"]),
-    ("older glibc on target", fx(CU130, glibc="2.31"), fx(CU130), True, ["error"]),
-    ("newer glibc on target loads", fx(CU130, glibc="2.39"), fx(CU130), True, ["warning"]),
-    ("other C++ ABI", fx(CU130, torch__cxx11_abi=False), fx(CU130), True, ["error"]),
+    ("cu130 build onto cu128", fx(CU128), fx(CU130), True, [("overlay-compiled", "error"), ("overlay-compiled", "error")]),  # CUDA tag and torch.version.cuda
+    ("other torch release", fx(CU130, torch__release="2.10.0", torch__version="2.10.0+cu130"), fx(CU130), True, [("overlay-compiled", "error")]),
+    ("other python ABI", fx(CU130, python__abi_tag="cp312"), fx(CU130), True, [("overlay-compiled", "error")]),
+    ("older glibc on target", fx(CU130, glibc="2.31"), fx(CU130), True, [("overlay-compiled", "error")]),
+    ("newer glibc on target loads", fx(CU130, glibc="2.39"), fx(CU130), True, [("overlay-compiled", "warning")]),
+    ("other C++ ABI", fx(CU130, torch__cxx11_abi=False), fx(CU130), True, [("overlay-compiled", "error")]),
 ]
 
 
 @pytest.mark.parametrize("case,target,source,compiled,expected", OVERLAY_CASES, ids=[c[0] for c in OVERLAY_CASES])
-def test_rule_compiled_files_built_elsewhere(case: str, target: dict, source: dict, compiled: bool, expected: list[str]) -> None:
+def test_rule_compiled_files_built_elsewhere(case: str, target: dict, source: dict, compiled: bool, expected: list[tuple[str, str]]) -> None:
     findings = abi.rule_compiled_files_built_elsewhere("t", target, source, compiled)
-    assert sorted(f.severity for f in findings) == sorted(expected), [f.what for f in findings]
+    assert sorted(pairs(findings)) == sorted(expected), [f.what for f in findings]
 
 
 REQ_CASES = [
     ("torch range met (local label ignored)", fx(CU130), {"torch": ">=2.11,<2.12", "triton": ">=3.4", "python": ">=3.10"}, []),
-    ("torch range not met (sandbox torch 2.13)", fx(NOGPU), {"torch": ">=2.11,<2.12"}, ["error"]),
+    ("torch range not met (sandbox torch 2.13)", fx(NOGPU), {"torch": ">=2.11,<2.12"}, [("requirements", "error")]),
     ("==2.11.0 matches +cu128 too", fx(CU128), {"torch": "==2.11.0"}, []),
-    ("local label compared explicitly", fx(CU128), {"torch": "==2.11.0+cu130"}, ["error"]),
+    ("local label compared explicitly", fx(CU128), {"torch": "==2.11.0+cu130"}, [("requirements", "error")]),
     ("local label met", fx(CU130), {"torch": "==2.11.0+cu130"}, []),
-    ("triton too old", fx(CU130, packages__triton__version="3.3.1"), {"triton": ">=3.4"}, ["error"]),
-    ("python too old", fx(CU130), {"python": ">=3.12"}, ["error"]),
-    ("package missing", fx(NOGPU), {"flashinfer-python": ">=0.6"}, ["error"]),
+    ("triton too old", fx(CU130, packages__triton__version="3.3.1"), {"triton": ">=3.4"}, [("requirements", "error")]),
+    ("python too old", fx(CU130), {"python": ">=3.12"}, [("requirements", "error")]),
+    ("package missing", fx(NOGPU), {"flashinfer-python": ">=0.6"}, [("requirements", "error")]),
     ("kernel by either name", fx(PINS), {"sglang-kernel": ">=0.3"}, []),
-    ("bad specifier", fx(CU130), {"torch": "2.11 or so"}, ["error"]),
-    ("cuda version", fx(CU128), {"cuda": ">=13.0"}, ["error"]),
+    ("bad specifier", fx(CU130), {"torch": "2.11 or so"}, [("requirements", "error")]),
+    ("cuda version", fx(CU128), {"cuda": ">=13.0"}, [("requirements", "error")]),
 ]
 
 
 @pytest.mark.parametrize("case,facts,requires,expected", REQ_CASES, ids=[c[0] for c in REQ_CASES])
-def test_rule_requirements(case: str, facts: dict, requires: dict[str, str], expected: list[str]) -> None:
-    assert [f.severity for f in abi.rule_requirements("h", facts, requires)] == expected
+def test_rule_requirements(case: str, facts: dict, requires: dict[str, str], expected: list[tuple[str, str]]) -> None:
+    assert pairs(abi.rule_requirements("h", facts, requires)) == expected
 
 
-@pytest.mark.parametrize("base,expected", [("0.5.11", []), ("0.5.23", ["error"]), ("", [])])
-def test_rule_base_version(base: str, expected: list[str]) -> None:
-    assert [f.severity for f in abi.rule_base_version("h", fx(CU130), base)] == expected
+@pytest.mark.parametrize("base,expected", [("0.5.11", []), ("0.5.23", [("base-version", "error")]), ("", [])])
+def test_rule_base_version(base: str, expected: list[tuple[str, str]]) -> None:
+    assert pairs(abi.rule_base_version("h", fx(CU130), base)) == expected
 
 
 def test_rule_shared_binaries() -> None:
     differ = abi.rule_shared_binaries({"a": fx(CU130), "b": fx(CU128)})
-    assert severities(differ, "shared-binaries") == ["warning"]
+    assert pairs(differ) == [("shared-binaries", "warning")]
     assert "torch_local cu130 vs cu128" in differ[0].what
     same = abi.rule_shared_binaries({"a": fx(CU130), "b": fx(PINS)})
-    assert severities(same, "shared-binaries") == []
+    assert pairs(same) == []
 
 
 def test_check_hosts_compatible_pair_has_no_errors() -> None:
     findings = abi.check_hosts({"a": fx(CU130), "b": fx(CU130, host="b")})
-    assert [f for f in findings if f.severity != abi.INFO] == []
+    assert pairs(findings) == []
 
 
 def test_check_hosts_eval_pair() -> None:
     findings = abi.check_hosts({"cu130": fx(CU130), "cu128": fx(CU128), "pins": fx(PINS)})
     assert abi.has_errors(findings)
-    assert {(f.host, f.rule) for f in findings if f.severity == abi.ERROR} == {("pins", "torch-pins")}
+    assert sorted((f.host, f.rule, f.severity) for f in findings) == [
+        ("cu128", "shared-binaries", "warning"), ("pins", "torch-pins", "error")]
 
 
 def test_check_overlay_refuses_cu130_build_on_cu128_host() -> None:
     req = {"python": ">=3.10", "torch": ">=2.11,<2.12", "triton": ">=3.4"}
     bad = abi.check_overlay("cu128", fx(CU128), built_from_facts=fx(CU130), carries_compiled=True, requires=req,
                             base_version="0.5.11")
-    assert abi.has_errors(bad) and {f.rule for f in bad if f.severity == abi.ERROR} == {"overlay-compiled"}
+    assert abi.has_errors(bad) and pairs(bad) == [("overlay-compiled", "error")] * 2  # CUDA tag, torch.version.cuda
     good = abi.check_overlay("cu128", fx(CU128), built_from_facts=fx(CU128), carries_compiled=True, requires=req,
                              base_version="0.5.11")
-    assert not abi.has_errors(good)
+    assert pairs(good) == []
 
 
 def test_arch_runs_on() -> None:
@@ -182,9 +183,7 @@ def test_arch_runs_on() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}  # wide enough that table cells are not wrapped mid-word
-    return subprocess.run([sys.executable, "-c", "from ddtree_deploy.cli import main; main()", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+    return run_cli(*args, cwd=REPO, columns=250)  # wide enough that table cells are not wrapped mid-word
 
 
 def test_cli_abi_with_recorded_facts_exits_4_on_errors() -> None:

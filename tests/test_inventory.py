@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_inproc import run_cli
 
 from ddtree_deploy.errors import InputError
 from ddtree_deploy.inventory import load_host_file, load_inventory, resolve_host, scan_inventory
@@ -185,8 +184,7 @@ def test_one_bad_file_takes_only_its_own_host_out(tmp_path: Path, caplog: pytest
 def test_cli_exits_2_naming_file_and_field(tmp_path: Path) -> None:
     write(tmp_path, {**GOOD, "port": "ssh"})
     write(tmp_path, GOOD, "good.yaml")
-    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy", "hosts", "list", "--inventory", str(tmp_path), "--json"],
-                          capture_output=True, text=True)
+    proc = run_cli("hosts", "list", "--inventory", str(tmp_path), "--json")
     assert proc.returncode == 2
     assert "gpu1.yaml" in proc.stderr and "'port'" in proc.stderr
     rows = {r["name"]: r for r in json.loads(proc.stdout)}

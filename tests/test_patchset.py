@@ -11,11 +11,11 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 from ddtree_deploy.errors import EXIT_PATCH, EXIT_USAGE, PatchDoesNotApply
 from ddtree_deploy.patchset import (
@@ -60,9 +60,7 @@ def sample():
 
 
 def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "DDTREE_PATCHES": str(PATCHSETS)}
-    return subprocess.run([sys.executable, "-m", "ddtree_deploy", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli(*args, cwd=cwd, env={**os.environ, "DDTREE_PATCHES": str(PATCHSETS)}, columns=250)
 
 
 # -- the sample applies ------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 from ddtree_deploy.errors import EXIT_PATCH, EXIT_USAGE, InputError
 from ddtree_deploy.patchset.dev import BASE_TAG, make_dev_tree, refresh_patchset
@@ -220,16 +221,13 @@ def test_real_ddtree_series_round_trips(wheel_011: WheelBase, tmp_path: Path, wo
 
 def test_cli_dev_and_refresh(tmp_path: Path, work_root: Path) -> None:
     import json
-    import sys
 
     root = tmp_path / "patches"
     root.mkdir()
     copy_family("moved", root)
-    env = {**os.environ, "COLUMNS": "250"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ddtree_deploy", "patchset", *args, "--patches", str(root)],
-                              env=env, capture_output=True, text=True, timeout=300)
+        return run_cli("patchset", *args, "--patches", str(root), columns=250)
 
     work = work_root / "cli-work"
     dev = run("dev", "moved", str(work), "--base", "sglang==0.5.11")

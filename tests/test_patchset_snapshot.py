@@ -7,11 +7,10 @@ object (what the deploy stage holds) works as a base, and a corrupted store blob
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 from ddtree_deploy.errors import InputError
 from ddtree_deploy.patchset.dev import make_dev_tree
@@ -53,9 +52,8 @@ def test_snapshot_and_wheel_give_the_same_overlay(snap_store, tmp_path: Path) ->
 
 def test_cli_check_with_snapshot(snap_store) -> None:
     store, snap = snap_store
-    env = {**os.environ, "DDTREE_SNAPSHOTS": str(store.root), "DDTREE_PATCHES": str(PATCHSETS), "COLUMNS": "250"}
-    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy", "patchset", "check", "moved", "--snapshot", snap.host],
-                          env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "DDTREE_SNAPSHOTS": str(store.root), "DDTREE_PATCHES": str(PATCHSETS)}
+    proc = run_cli("patchset", "check", "moved", "--snapshot", snap.host, env=env, columns=250)
     assert proc.returncode == 0, proc.stderr
     assert f"snapshot {snap.id}" in proc.stdout and "applied" in proc.stdout
 

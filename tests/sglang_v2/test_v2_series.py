@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import py_compile
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_inproc import run_cli
 from v2_helpers import BASES, PROBE_MODULES, REPO, TRAITS, pinned
 
 from ddtree_deploy.deploy import DEFAULT_PATCHSET
@@ -44,8 +43,7 @@ def test_patched_modules_import_on_cpu(v2_base: str, v2_tree: Path, v2_probe: di
 
 
 def test_patchset_list_shows_the_spec_v2_bases(v2_base: str):
-    r = subprocess.run([sys.executable, "-m", "ddtree_deploy", "patchset", "list", "--json",
-                        "--patches", str(REPO / "patches")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = run_cli("patchset", "list", "--json", "--patches", str(REPO / "patches"), cwd=REPO)
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     row = rows[f"ddtree/sglang-{v2_base}"]
