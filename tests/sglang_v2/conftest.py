@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from v2_helpers import BASES, build_patched, probe  # noqa: E402
+from v2_helpers import BASES, build_patched, run_scripts, script_result  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=BASES)
@@ -34,6 +34,12 @@ def v2_tree(v2_base, v2_trees) -> Path:
 
 
 @pytest.fixture(scope="session")
-def v2_probe(v2_base, v2_tree, tmp_path_factory) -> dict:
-    """The per-base probe (imports + the glue against the base's classes), run once per base."""
-    return probe(v2_tree, tmp_path_factory.mktemp(f"probe-{v2_base}"))
+def v2_scripts(v2_base, v2_tree, tmp_path_factory) -> dict:
+    """The per-base CPU scripts (v2_helpers.CPU_SCRIPTS: the probe, the FlashInfer metadata), one subprocess per base."""
+    return run_scripts(v2_tree, tmp_path_factory.mktemp(f"probe-{v2_base}"))
+
+
+@pytest.fixture(scope="session")
+def v2_probe(v2_scripts) -> dict:
+    """The per-base probe (imports + the glue against the base's classes)."""
+    return script_result(v2_scripts, "probe")

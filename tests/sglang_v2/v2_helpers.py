@@ -255,9 +255,94 @@ print("RESULT" + json.dumps(out))
 '''
 
 
-def probe(tree: Path, work: Path) -> dict:
-    """The probe's result for a patched ``tree`` (a clear assertion with the subprocess's output if it failed)."""
-    r = run_python(tree, work, PROBE_SCRIPT, *PROBE_MODULES)
-    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
-    assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
-    return json.loads(line[len("RESULT"):])
+# The FlashInfer verify metadata from a DDTree verify input (tests/sglang_v2/test_v2_backends.py reads the result).
+FLASHINFER_SCRIPT = r'''
+import json, torch
+from sglang.srt.speculative.ddtree import build_tree, build_verify_inputs, draft_topk, mask_numel, write_verify_mask
+import sglang.srt.speculative.dflash_info as dflash_info
+from sglang.srt.speculative.ddtree_v2.verify_input import DDTreeVerifyInput
+
+
+class KvIndices:  # the base's KV-index Triton kernel does not run in Triton's CPU interpreter: its torch equivalent
+    def __getitem__(self, grid):
+        def run(req_to_token, pool, lens, indptr, start, out, stride):
+            for b in range(grid[0]):
+                out[int(indptr[b]): int(indptr[b + 1])] = req_to_token[int(pool[b]), : int(lens[b])]
+        return run
+
+
+dflash_info.create_flashinfer_kv_indices_triton = KvIndices()
+g = torch.Generator().manual_seed(3)
+bs, depth, vocab, budget = 3, 5, 40, 9
+n1 = budget + 1
+lp, tok = draft_topk(torch.randn(bs, depth, vocab, generator=g), budget, impl="torch")
+tree = build_tree(lp, tok, torch.randint(0, vocab, (bs,), generator=g), budget, impl="torch")
+prefix = torch.tensor([7, 0, 12])
+vin = build_verify_inputs(tree, prefix, impl="torch")
+mask = torch.zeros(mask_numel(int(prefix.sum()), bs, n1), dtype=torch.bool)
+write_verify_mask(vin.mask, prefix, mask, prefix_cols=True, max_prefix=int(prefix.max()), impl="torch")
+req_to_token = torch.arange(4 * 64, dtype=torch.int32).view(4, 64) + 1000
+pool = torch.tensor([2, 0, 3])
+spec = DDTreeVerifyInput(draft_token=tree.token.reshape(-1), positions=vin.positions.reshape(-1),
+                         draft_token_num=n1, custom_mask=mask, tree=tree)
+kv_indices, kv_indptr, qo_indptr, got_mask = spec.generate_attn_arg_prefill(pool, prefix, int(prefix.sum()),
+                                                                            req_to_token)
+rows = []
+for b in range(bs):
+    p = int(prefix[b])
+    block = got_mask[int(sum(n1 * (int(prefix[c]) + n1) for c in range(b))):][: n1 * (p + n1)].view(n1, p + n1)
+    rows.append({"context_visible": bool(block[:, :p].all()), "tree_equal": bool(torch.equal(block[:, p:], vin.mask[b]))})
+print("RESULT" + json.dumps({
+    "qo_indptr": qo_indptr.tolist(), "kv_indptr": kv_indptr.tolist(),
+    "kv_indices": kv_indices.tolist(), "rows": rows, "mask_numel": got_mask.numel(),
+    "expect_kv": [int(x) for b in range(bs) for x in req_to_token[int(pool[b]), : int(prefix[b]) + n1]],
+}))
+'''
+
+#: The scripts that share one subprocess per base, in order (name, code, argv). The FlashInfer one goes last: it
+#: replaces a base kernel with its torch equivalent for the rest of the process.
+CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("flashinfer", FLASHINFER_SCRIPT, ()))
+
+_BATCH = r'''
+import json, runpy, sys, traceback
+for name, path, argv in json.loads(sys.argv[1]):
+    print("SCRIPT " + name, flush=True)
+    sys.argv = [path, *argv]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except BaseException:
+        print("SCRIPTERROR " + json.dumps(traceback.format_exc()), flush=True)
+'''
+
+
+def run_scripts(tree: Path, work: Path, scripts=CPU_SCRIPTS) -> dict:
+    """Run several scripts in one subprocess (importing SGLang once: seconds per base saved per script), each in its
+    own namespace. Returns name -> its RESULT dict, or the text of why it has none (its traceback, or the
+    subprocess's output when it died), so one script's failure fails only the tests that read it."""
+    plan = []
+    for name, code, argv in scripts:
+        path = work / f"{name}.py"
+        path.write_text(code)
+        plan.append((name, str(path), list(argv)))
+    r = run_python(tree, work, _BATCH, json.dumps(plan))
+    out: dict = {}
+    name = None
+    for line in r.stdout.splitlines():
+        if line.startswith("SCRIPT "):
+            name = line[len("SCRIPT "):]
+            out[name] = "no RESULT line"
+        elif name and line.startswith("RESULT"):
+            out[name] = json.loads(line[len("RESULT"):])
+        elif name and line.startswith("SCRIPTERROR "):
+            out[name] = json.loads(line[len("SCRIPTERROR "):])
+    for name, _, _ in scripts:
+        if not isinstance(out.get(name), dict):
+            out[name] = f"{out.get(name, 'never started')}\nrc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return out
+
+
+def script_result(results: dict, name: str) -> dict:
+    """One script's RESULT from ``run_scripts`` (a clear assertion with its traceback or output if it has none)."""
+    got = results[name]
+    assert isinstance(got, dict), f"{name}: {got}"
+    return got
