@@ -3,18 +3,20 @@ PY ?= python3
 STAMP := .cache/deps.stamp
 export TRITON_INTERPRET ?= 1
 
-.PHONY: install deps demo test test-gpu bench faults lint clean
+.PHONY: install deps demo test test-fast test-gpu bench faults lint clean
 
 install: $(STAMP)
 
-# System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark) and the project with its extras.
+# System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark, zstd for compressed snapshot
+# transfers, which the tests exercise) and the project with its extras.
 # torch is pinned to the CPU build this machine carries; triton 3.6.0 matches the H200 image (interpreted on CPU).
 $(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt \
           $(wildcard tests/sglang_v2/requirements-cpu-*.txt)
-	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null; then \
+	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null \
+	    || ! command -v zstd >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync git >/dev/null; \
-	  else echo "need openssh-server, rsync and git (run as root or install them)"; exit 1; fi; fi
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync git zstd >/dev/null; \
+	  else echo "need openssh-server, rsync, git and zstd (run as root or install them)"; exit 1; fi; fi
 	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,kernels]"
 	@# what `import sglang.srt.server_args` (0.5.11) needs for the patch set's CPU tests; no deps, so no CUDA torch
@@ -34,8 +36,13 @@ deps: install
 demo: install
 	$(PY) -m ddtree_deploy.demo
 
+# Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
 test: install
 	$(PY) -m pytest -q -m "not gpu"
+
+# The inner loop (a few minutes): no sandbox sshd hosts, no real SGLang wheels unpacked or patched.
+test-fast: install
+	$(PY) -m pytest -q -m "not gpu and not sandbox and not wheels"
 
 test-gpu:
 	TRITON_INTERPRET=0 $(PY) -m pytest -q -m gpu

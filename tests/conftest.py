@@ -1,14 +1,24 @@
 """Shared fixtures: real sshd sandbox hosts, made once per test session in a temporary directory.
 
 The sandbox is the same code `ddtree-deploy sandbox up` runs (real sshd on loopback, one mount namespace per host,
-real SGLang wheels). Tests that need it take the ``sandbox`` fixture; without root or sshd they are skipped
-locally, but under CI (CI=true) a missing prerequisite is an error, never a silent skip.
+real SGLang wheels). Tests that need it take the ``sandbox`` fixture.
+
+Two rules for the whole suite live here as well:
+
+- Markers by what a test costs: a test whose fixtures start sandbox hosts is marked ``sandbox``, one that unpacks,
+  patches or installs real SGLang wheels (or the project's own wheel) ``wheels``, whether or not its module says
+  so, so ``make test-fast`` (``-m "not gpu and not sandbox and not wheels"``) is a true inner loop.
+- No silent skips: a test that skips fails the run, unless its skip is on ``ALLOWED_SKIPS`` below (each entry says
+  why it cannot run everywhere). A machine that lacks what the suite needs (root, sshd, the wheels, the spec-v2
+  dependency folders of ``make install``) therefore fails loudly; ``DDTREE_ALLOW_SKIPS=1`` turns failures back into
+  skips for a deliberately partial local run (never in CI).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +28,56 @@ from ddtree_deploy.inventory import Host, load_inventory
 from ddtree_deploy.sandbox import DEFAULT_HOSTS, SSHD, Sandbox, SandboxState
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+
+#: fixtures whose presence in a test's closure means real sshd hosts (``sandbox``) or real wheels (``wheels``)
+SANDBOX_FIXTURES = frozenset({"sandbox"})
+WHEEL_FIXTURES = frozenset({"base_wheel", "v2_trees", "wheel_env", "wheel_023", "wheel_011"})
+#: folders whose tests all work on patched SGLang trees (built from the real wheels)
+WHEEL_DIRS = (TESTS / "sglang", TESTS / "sglang_v2")
+
+#: (marker or node-id prefix, skip-reason pattern, why this skip is legitimate). Every other skip fails the run.
+ALLOWED_SKIPS: tuple[tuple[str, str, str], ...] = (
+    ("gpu", r"needs a CUDA device|no sglang importable|needs the offline bundle",
+     "GPU tests run only on a GPU host (make test-gpu); the CPU suite deselects them"),
+    ("tests/", r"^DDTREE_NO_REGISTRY=1",
+     "the user said there is no package registry: the wheel cannot be installed with its dependencies"),
+)
+
+
+def _allowed_skip(item: pytest.Item, reason: str) -> str | None:
+    for where, pattern, why in ALLOWED_SKIPS:
+        hit = item.get_closest_marker(where) is not None if "/" not in where else item.nodeid.startswith(where)
+        if hit and re.search(pattern, reason):
+            return why
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SANDBOX_FIXTURES and item.get_closest_marker("sandbox") is None:
+            item.add_marker(pytest.mark.sandbox)
+        in_wheel_dir = any(item.path.is_relative_to(d) for d in WHEEL_DIRS)
+        if (names & WHEEL_FIXTURES or in_wheel_dir) and item.get_closest_marker("wheels") is None:
+            item.add_marker(pytest.mark.wheels)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A skip that is not on ALLOWED_SKIPS is a failure: what CI expects to run must run."""
+    outcome = yield
+    rep = outcome.get_result()
+    partial_run = os.environ.get("DDTREE_ALLOW_SKIPS") == "1" and not os.environ.get("CI")
+    if not rep.skipped or hasattr(rep, "wasxfail") or partial_run:
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if _allowed_skip(item, reason) is None:
+        rep.outcome = "failed"
+        rep.longrepr = (f"unexpected skip: {reason}\nEvery test must run here (make install provides what they "
+                        "need); a skip that is legitimate goes on ALLOWED_SKIPS in tests/conftest.py with its reason. "
+                        "DDTREE_ALLOW_SKIPS=1 allows skips for a deliberately partial local run.")
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,10 +53,25 @@ def test_unpatched_sglang_names_the_missing_file(tmp_path, monkeypatch, no_overr
     assert "not patched" in message
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
-def test_no_sglang_at_all(no_override):
-    with pytest.raises(RuntimeLoadError, match="no 'sglang' package"):
-        locate_runtime_dir()
+_NO_SGLANG = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from ddtree_refengine.runtime_loader import RuntimeLoadError, locate_runtime_dir
+try:
+    locate_runtime_dir()
+except RuntimeLoadError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def test_no_sglang_at_all(site_dir):
+    """Where no sglang is importable at all. Run in a Python without site-packages (-I -S: no sglang whatever this
+    machine has installed, no $DDTREE_RUNTIME_PATH) holding only the deployed copy of the engine, so it runs
+    everywhere instead of only where sglang happens to be missing."""
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", _NO_SGLANG, str(site_dir)], capture_output=True, text=True,
+                       timeout=60, env={k: v for k, v in os.environ.items() if k != runtime_loader.ENV_VAR})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("REFUSED") and "no 'sglang' package is importable" in r.stdout, r.stdout
 
 
 def test_env_override_and_incomplete_runtime(tmp_path, monkeypatch):
