@@ -63,21 +63,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.wheels)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """A skip that is not on ALLOWED_SKIPS is a failure: what CI expects to run must run."""
-    outcome = yield
-    rep = outcome.get_result()
+def _fail_unexpected_skip(rep: pytest.TestReport | pytest.CollectReport, item: pytest.Item | None) -> None:
     partial_run = os.environ.get("DDTREE_ALLOW_SKIPS") == "1" and not os.environ.get("CI")
     if not rep.skipped or hasattr(rep, "wasxfail") or partial_run:
         return
     reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
     reason = reason.removeprefix("Skipped: ")
-    if _allowed_skip(item, reason) is None:
+    if item is None or _allowed_skip(item, reason) is None:
         rep.outcome = "failed"
         rep.longrepr = (f"unexpected skip: {reason}\nEvery test must run here (make install provides what they "
                         "need); a skip that is legitimate goes on ALLOWED_SKIPS in tests/conftest.py with its reason. "
                         "DDTREE_ALLOW_SKIPS=1 allows skips for a deliberately partial local run.")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A skip that is not on ALLOWED_SKIPS is a failure: what CI expects to run must run."""
+    outcome = yield
+    _fail_unexpected_skip(outcome.get_result(), item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """The same for a whole module skipped at import (``pytest.importorskip`` at the top of a file)."""
+    outcome = yield
+    _fail_unexpected_skip(outcome.get_result(), None)
 
 
 @dataclass
