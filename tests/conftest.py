@@ -17,8 +17,8 @@ Two rules for the whole suite live here as well:
 from __future__ import annotations
 
 import os
-import shutil
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ WHEEL_DIRS = (TESTS / "sglang", TESTS / "sglang_v2")
 ALLOWED_SKIPS: tuple[tuple[str, str, str], ...] = (
     ("gpu", r"needs a CUDA device|no sglang importable|needs the offline bundle",
      "GPU tests run only on a GPU host (make test-gpu); the CPU suite deselects them"),
-    ("tests/", r"^DDTREE_NO_REGISTRY=1",
+    ("tests/cli/", r"^DDTREE_NO_REGISTRY=1",
      "the user said there is no package registry: the wheel cannot be installed with its dependencies"),
 )
 
