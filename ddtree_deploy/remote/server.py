@@ -19,11 +19,8 @@ def _paths(root):
 
 
 def _read_pid(pid_file):
-    try:
-        with open(pid_file) as fh:
-            return _json.load(fh)
-    except (OSError, ValueError):
-        return None
+    """The pid record ({pid, start_ticks, ...}), or None when there is none: read like every remote JSON file."""
+    return _read_json(pid_file)
 
 
 def _alive(record):
