@@ -14,6 +14,13 @@ import tempfile
 from pathlib import Path
 
 
+def result_paths(stem: Path) -> tuple[Path, Path]:
+    """A result's JSON and Markdown files: STEM.json and STEM.md. Not ``with_suffix``: a stem such as
+    ``sglang-0.5.17-h200`` would lose everything after its version's first dot."""
+    stem = Path(stem)
+    return stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.md"
+
+
 def open_raw(src: Path) -> Path:
     """A directory holding the raw results: `src` itself, or a fresh temporary copy of the tarball `src`."""
     src = Path(src)

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gdn_share  # noqa: E402
 from e2e_driver import first_divergences  # noqa: E402
-from e2e_files import load_results, open_raw  # noqa: E402
+from e2e_files import load_results, open_raw, result_paths  # noqa: E402
 
 BATCHES = (1, 4, 16)
 Q36_BATCHES = (1, 8, 16)
@@ -217,9 +217,9 @@ def main() -> int:
     rs = load_results(raw)
     summary = {"kernels": kernels_section(kernels), "lossless": lossless_section(rs), "round_27b": round_section(rs, raw),
                "configs": {n: {k: d.get(k) for k in ("ok", "error", "startup_s", "total_s")} for n, d in rs.items()}}
-    # Not with_suffix: the version dots of the stem ("hybrid-0.5.17-h200") would be taken for a suffix.
-    (stem.parent / f"{stem.name}.json").write_text(json.dumps(summary, indent=1))
-    (stem.parent / f"{stem.name}.md").write_text(render(summary))
+    out_json, out_md = result_paths(stem)
+    out_json.write_text(json.dumps(summary, indent=1))
+    out_md.write_text(render(summary))
     print(render(summary))
     return 0
 

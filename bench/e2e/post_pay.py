@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import load_results, open_raw  # noqa: E402
+from e2e_files import load_results, open_raw, result_paths  # noqa: E402
 
 
 def label(cfg: dict) -> str:
@@ -80,7 +80,8 @@ def main() -> int:
         if chain and cfg != "chain":
             out["ratios"].setdefault(cfg, {})[bs] = round(r["tok_s"] / chain["tok_s"], 3)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    (stem.parent / f"{stem.name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    out_json, out_md = result_paths(stem)
+    out_json.write_text(json.dumps(out, indent=1) + "\n")
     lines = ["# DDTree at every batch size (H200, SGLang 0.5.17, Qwen3-8B shape + b16 DFlash drafter shape, CUDA graphs)",
              "", f"Reproduce: `python bench/e2e/post_pay.py {stem} {' '.join(sys.argv[2:])}`", ""]
     if profile:
@@ -107,7 +108,7 @@ def main() -> int:
         lines.append("")
     if out["failed"]:
         lines += ["## Failed configurations", ""] + [f"- {n}: {e}" for n, e in out["failed"].items()] + [""]
-    (stem.parent / f"{stem.name}.md").write_text("\n".join(lines))
+    out_md.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
 

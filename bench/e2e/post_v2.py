@@ -21,7 +21,7 @@ os.environ.setdefault("E2E_BASE", "0.5.17")  # read by e2e_driver at import: 0.5
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chisq  # noqa: E402
 from e2e_driver import report  # noqa: E402
-from e2e_files import load_results, open_raw  # noqa: E402
+from e2e_files import load_results, open_raw, result_paths  # noqa: E402
 
 SPEED_CONFIGS = ("q8b-ar-graph", "q8b-chain-graph", "q8b-ddtree-b16-graph", "q8b-ddtree-b32-graph",
                  "q8b-ddtree-b64-graph")
@@ -73,8 +73,7 @@ def main() -> int:
            "speed-8b": speed_rows}
     if len(sys.argv) == 6:
         out["apply-transcript"] = json.loads(Path(sys.argv[5]).read_text())
-    # Not with_suffix: the stem's version dots ("sglang-0.5.17-h200") would be taken for a suffix.
-    out_json, out_md = stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.md"
+    out_json, out_md = result_paths(stem)
     out_json.write_text(json.dumps(out, indent=1) + "\n")
     out_md.write_text(render(out, sys.argv[1:]) + "\n")
     print(out_md.read_text())
