@@ -67,6 +67,9 @@ def fetch_blobs(conn: HostConnection, host: Host, objects: Path, incoming: Path,
             _pump(stream, receiver, report, sum(sizes.values()))
             result = receiver.finish()
             _check_result(host.name, result, receiver.cut, receiver.pumped, len(wanted))
+            # the last count: the pump's reports are throttled and, compressed, lag the receiver, so without this the
+            # bar could stop short of its total on a transfer that completed
+            report("transfer", int(result.get("bytes", 0)), sum(sizes.values()))
     finally:
         receiver.kill()
         for tmp in incoming.glob(f"{receiver.pid}-*"):
