@@ -37,8 +37,11 @@ demo: install
 	$(PY) -m ddtree_deploy.demo
 
 # Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
+# In TEST_JOBS worker processes (pytest-xdist; work stealing evens out the long tests): most of the suite waits on
+# sshd hosts and subprocesses, so two workers halve it on 2 cores (about 9 min). TEST_JOBS=0 runs it in one process.
+TEST_JOBS ?= 2
 test: install
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu" $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
 
 # The inner loop (a few minutes): no sandbox sshd hosts, no real SGLang wheels unpacked or patched.
 test-fast: install
