@@ -23,10 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gdn_share  # noqa: E402
-from e2e_driver import first_divergences  # noqa: E402
-from e2e_files import load_results, open_raw, result_paths  # noqa: E402
+from bench.e2e import gdn_share
+from bench.e2e.driver import first_divergences
+from bench.e2e.e2e_files import load_results, open_raw, result_paths
 
 BATCHES = (1, 4, 16)
 Q36_BATCHES = (1, 8, 16)

@@ -17,8 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import load_results, open_raw, result_paths  # noqa: E402
+from bench.e2e.e2e_files import load_results, open_raw, result_paths
 
 
 def label(cfg: dict) -> str:

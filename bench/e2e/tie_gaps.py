@@ -1,6 +1,6 @@
 """Explain greedy divergences on the random tiny model: the logit gap at the first divergent token.
 
-Usage: python bench/e2e/tie_gaps.py RAW_DIR_OR_TGZ MODELS_DIR OUT_JSON
+Usage: python -m bench.e2e.tie_gaps RAW_DIR_OR_TGZ MODELS_DIR OUT_JSON
 For every rand-* configuration and workload where the output differs from rand-ar, recompute in float32 (HF
 transformers, same weights as served) the target's logits at the first divergent position, given the AR prefix, and
 report the top-3 logits and the gap between the AR token and the speculative token. A gap of the order of one bf16
@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen3ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_driver import prompts  # noqa: E402
-from e2e_files import load_results  # noqa: E402
+from bench.e2e.e2e_files import load_results
+from bench.e2e.workloads import prompts
 
 
 def main() -> int:

@@ -374,15 +374,15 @@ print("RESULT" + json.dumps({
 
 
 def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tmp_path: Path):
-    """The e2e 27B-shape models (bench/e2e/mk_shapes.py) as SGLang 0.5.17 reads them, and the budgets the e2e
+    """The e2e 27B-shape models (bench/e2e/models/mk_shapes.py) as SGLang 0.5.17 reads them, and the budgets the e2e
     configurations pair with each max-running-requests value fitting the start-up check's arithmetic."""
     import subprocess
     import sys
 
     base = tmp_path / "base"
     (base / "tiny-qwen3").mkdir(parents=True)
-    subprocess.run([sys.executable, str(REPO / "bench/e2e/mk_shapes.py"), str(tmp_path / "m"), str(base)], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_shapes", str(tmp_path / "m"), str(base)], check=True,
+                   cwd=REPO, capture_output=True)
     got = _result(run_python(v2_trees("0.5.17"), tmp_path, Q36, str(tmp_path / "m/q36-target"),
                              str(tmp_path / "m/q36-dflash"), fake_cuda=True))
     assert got["arch"] == ["Qwen3_5ForConditionalGeneration"] and got["gdn"]

@@ -8,7 +8,7 @@ beta in fp32. So on hybrid targets speculative decoding and plain decoding diffe
 DDTree is involved. With `TritonGDNKernel.supports_packed_decode = False` plain decoding goes through
 `TritonGDNKernel.decode`, i.e. `fused_sigmoid_gating_delta_rule_update` without the tree: the verify kernel's math.
 
-How: e2e_driver.py puts this directory first on PYTHONPATH for the `arv` algorithm (AR, verify math), so every
+How: bench/e2e/driver.py puts this directory first on PYTHONPATH for the `arv` algorithm (AR, verify math), so every
 process of that Engine imports this file at start-up; it flips the class attribute right after SGLang's module
 is executed (an import hook; nothing else is touched).
 """

@@ -1,5 +1,7 @@
 """End-to-end proof of the DDTree patch set on a real SGLang 0.5.11 (in-process `sglang.Engine`).
 
+Run from the repository root as ``python -m bench.e2e.driver SUB-COMMAND ...`` (bench/e2e/gpu_run.sh does).
+
 Sub-commands
   run NAME OUTDIR          one configuration: start an Engine, run its workloads, write OUTDIR/NAME.json, shut down
   orchestrate OUTDIR ...   run many configurations, several Engine processes at a time (the GPU is big and the
@@ -8,12 +10,12 @@ Sub-commands
 
 Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-launch]:
   MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
-            agree : bench/e2e/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
+            agree : bench/e2e/models/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
-            big   : bench/e2e/mk_big.py (random target with hidden 1024 / 8 layers and LM-head rows of spread norms,
+            big   : bench/e2e/models/mk_big.py (random target with hidden 1024 / 8 layers and LM-head rows of spread norms,
                     random DFlash drafter reading layers [1, 5], block size 4)
             hyb   : shared/gpu-e2e/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
-            hyblive: bench/e2e/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
+            hyblive: bench/e2e/models/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
             q8b   : bench/e2e/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
@@ -30,7 +32,7 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             extra_buffer mamba strategy, as for speculative decoding on hybrids)
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
-            bench/e2e/round_share.py
+            bench/e2e/round_share.py (python -m bench.e2e.round_share)
   -launch   launches and host µs per decode round of the worker (bench/e2e/round_stats_hook/sitecustomize.py in the
             scheduler process; summarised by bench/e2e/round_stats.py into the JSON's round_stats and the report)
 
@@ -49,6 +51,10 @@ import sys
 import time
 from pathlib import Path
 
+from bench.e2e.workloads import CYCLE, prompts
+
+#: the repository root: configurations run as ``python -m bench.e2e.driver`` from there
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("E2E_MODELS", "/tmp/models"))
 MODELSETS = {
     "rand": ("tiny-qwen3", "tiny-dflash"),
@@ -75,11 +81,6 @@ SAMPLE_TOKENS = int(os.environ.get("E2E_SAMPLE_TOKENS", "128"))
 SPEED_BATCHES = tuple(int(b) for b in os.environ.get("E2E_SPEED_BATCHES", "1,16").split(","))
 PROF_BATCHES = tuple(int(b) for b in os.environ.get("E2E_PROF_BATCHES", "1,16").split(","))
 PROF_TOKENS = int(os.environ.get("E2E_PROF_TOKENS", "32"))
-
-
-def prompts(n: int, seed: int = 1234) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(4, 400) for _ in range(rng.randrange(4, 40))] for _ in range(n)]
 
 
 def parse(name: str) -> dict:
@@ -236,7 +237,7 @@ def run_one(name: str, outdir: Path) -> int:
     try:
         kw = engine_kwargs(cfg)
         if os.environ.get("E2E_DRY_RUN") == "1":  # CPU stand-in: checks the flow, not SGLang (dry_engine.py)
-            from dry_engine import DryEngine
+            from bench.e2e.dry_engine import DryEngine
 
             engine = DryEngine(cfg, kw["model_path"])
         else:
@@ -262,7 +263,7 @@ def run_one(name: str, outdir: Path) -> int:
                 }
             if cfg["modelset"].startswith("agree"):
                 # Stop token inside the accepted path: the cycle is 100,101,102,103; stop at 102.
-                sp = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "stop_token_ids": [102]}
+                sp = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "stop_token_ids": [CYCLE[2]]}
                 outs, dt = generate(engine, allp[:4], sp)
                 res["workloads"]["stop-bs4"] = {
                     "seconds": round(dt, 4),
@@ -300,7 +301,7 @@ def run_one(name: str, outdir: Path) -> int:
     finally:
         res["total_s"] = round(time.perf_counter() - t0, 2)
         if cfg.get("round_stats"):
-            from round_stats import summarize
+            from bench.e2e.round_stats import summarize
 
             res["round_stats"] = summarize(round_stats_dir(outdir, name))
         (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
@@ -449,8 +450,8 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
                 if gpu:
                     env["CUDA_VISIBLE_DEVICES"] = gpu
                 f = open(logs / f"{n}.log", "w")
-                p = subprocess.Popen([sys.executable, __file__, "run", n, str(outdir)], stdout=f,
-                                     stderr=subprocess.STDOUT, start_new_session=False, env=env)
+                p = subprocess.Popen([sys.executable, "-m", "bench.e2e.driver", "run", n, str(outdir.resolve())], stdout=f,
+                                     stderr=subprocess.STDOUT, start_new_session=False, env=env, cwd=ROOT)
                 running[n] = (p, time.time(), gpu)
                 print(f"[{time.time() - t0:6.1f}s] start {n}" + (f" on GPU {gpu}" if gpu else ""), flush=True)
                 started = True
@@ -476,7 +477,9 @@ def first_divergences(a: list[list[int]], b: list[list[int]]) -> list[int | None
     return res
 
 
-def report(outdir: Path, result: Path) -> dict:
+def report(outdir: Path, result: Path, base: str = BASE) -> dict:
+    """Every configuration against its baselines, as RESULT.json/.md; ``base`` picks the base's acceptance
+    accounting (0.5.14+ count every draft the last round accepted)."""
     rs = {}
     for f in sorted(outdir.glob("*.json")):
         try:
@@ -566,7 +569,7 @@ def report(outdir: Path, result: Path) -> dict:
     expected_file = result.parent / "expected-acceptance.json"
     if expected_file.exists():  # measured acceptance on the agree models against the runtime-only replay
         expected = json.loads(expected_file.read_text())
-        key = "accepted_per_round" if BASE == "0.5.11" else "accepted_all_per_round"
+        key = "accepted_per_round" if base == "0.5.11" else "accepted_all_per_round"
         summary["replay"] = {}
         for name, d in rs.items():
             cfg = d["config"]
@@ -614,7 +617,7 @@ def report(outdir: Path, result: Path) -> dict:
                 lines.append(f"| {n} | {wl[len('speed-bs'):]} | {v['tok_per_s_median']} | {v['tok_per_s_all']} | "
                              f"{v['tokens_per_round']} | {v.get('round_ms_median')} |")
     if summary["round_stats"]:
-        from round_stats import table
+        from bench.e2e.round_stats import table
 
         lines += ["", "## Launches and host µs per decode round (worker's forward_batch_generation; counts: median "
                   "of the profiled rounds)", ""] + table(summary["round_stats"])

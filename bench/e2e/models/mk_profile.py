@@ -28,9 +28,8 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import copy_tokenizer  # noqa: E402
-from mk_shapes import DRAFT_8B, QWEN3_8B  # noqa: E402
+from bench.e2e.e2e_files import copy_tokenizer
+from bench.e2e.models.mk_shapes import DRAFT_8B, QWEN3_8B
 
 #: The stated law: token ids and probabilities (rank order = drafter's rank order).
 TOKENS = (1000, 1001, 1002, 1003)

@@ -1,6 +1,6 @@
 """A tiny Qwen3 target whose greedy continuation is a known cycle, and a DFlash drafter that half-agrees with it.
 
-Usage: python mk_agree.py OUTDIR BASEDIR   (BASEDIR = output of shared/gpu-e2e/mk_models.py, for the tokenizer)
+Usage: python -m bench.e2e.models.mk_agree OUTDIR BASEDIR   (BASEDIR = output of shared/gpu-e2e/mk_models.py, for the tokenizer)
 
 Why this shape (cheap, and every number it produces is checkable):
 - Target: every layer's o_proj and down_proj are zero, so the residual stream is the token embedding and the
@@ -18,14 +18,13 @@ Why this shape (cheap, and every number it produces is checkable):
 import json
 import os
 import sys
-from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import copy_tokenizer  # noqa: E402
+from bench.e2e.e2e_files import copy_tokenizer
+from bench.e2e.workloads import CYCLE
 
 out, basedir = sys.argv[1], sys.argv[2]
 tgt, drf = os.path.join(out, "agree-qwen3"), os.path.join(out, "agree-dflash")
@@ -34,7 +33,6 @@ os.makedirs(drf, exist_ok=True)
 copy_tokenizer(basedir, tgt, drf)
 torch.manual_seed(1)
 V, H, INTER, L_T = 512, 64, 128, 4
-CYCLE = [100, 101, 102, 103]
 MASK_ID = json.load(open(os.path.join(basedir, "tiny-dflash", "config.json")))["dflash_config"]["mask_token_id"]
 EOS = 0
 cfg = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=L_T, num_attention_heads=4,
