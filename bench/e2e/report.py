@@ -60,6 +60,8 @@ from bench.e2e.workloads import prompts
 
 HERE = Path(__file__).resolve().parent
 
+
+# ------------------------------------------------------------------------------------------------------- sweep
 SPEED_ORDER = ("ar", "chain", "ddtree-b1", "ddtree-b4", "ddtree-b15", "ddtree-b32", "ddtree-b64")
 
 
