@@ -477,6 +477,15 @@ def first_divergences(a: list[list[int]], b: list[list[int]]) -> list[int | None
     return res
 
 
+def acceptance(meta: list[dict]) -> dict:
+    """Verify rounds, accepted drafts and their rates over the requests' meta of one workload."""
+    verify = sum((m.get("spec_verify_ct") or 0) for m in meta)
+    accepted = sum((m.get("spec_accepted_drafts") or 0) for m in meta)
+    return {"verify_rounds": verify, "accepted_drafts": accepted,
+            "accepted_per_round": round(accepted / verify, 4) if verify else None,
+            "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None}
+
+
 def report(outdir: Path, result: Path, base: str = BASE) -> dict:
     """Every configuration against its baselines, as RESULT.json/.md; ``base`` picks the base's acceptance
     accounting (0.5.14+ count every draft the last round accepted)."""
@@ -506,8 +515,6 @@ def report(outdir: Path, result: Path, base: str = BASE) -> dict:
             a, b = w["output_ids"], base["workloads"][wl]["output_ids"]
             same = [x == y for x, y in zip(a, b, strict=False)]
             first_div = first_divergences(a, b)
-            verify = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
-            accepted = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
             summary["lossless"].setdefault(name, {})[wl] = {
                 "identical": all(same) and len(a) == len(b),
                 "requests": len(a),
@@ -516,12 +523,7 @@ def report(outdir: Path, result: Path, base: str = BASE) -> dict:
                 "tokens": sum(len(x) for x in a),
             }
             if wl.startswith("greedy") or wl.startswith("stop"):
-                summary["acceptance"].setdefault(name, {})[wl] = {
-                    "verify_rounds": verify,
-                    "accepted_drafts": accepted,
-                    "accepted_per_round": round(accepted / verify, 4) if verify else None,
-                    "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
-                }
+                summary["acceptance"].setdefault(name, {})[wl] = acceptance(w["meta"])
     for name, d in rs.items():  # DDTree against the stock DFlash chain of the same models and graph mode
         cfg = d["config"]
         if cfg["algo"] != "ddtree" or not d.get("ok"):
@@ -540,14 +542,7 @@ def report(outdir: Path, result: Path, base: str = BASE) -> dict:
     for name, d in rs.items():
         w = d.get("workloads", {}).get("sample-T")
         if w:
-            verify = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
-            accepted = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
-            summary["acceptance"].setdefault(name, {})["sample-T"] = {
-                "verify_rounds": verify,
-                "accepted_drafts": accepted,
-                "accepted_per_round": round(accepted / verify, 4) if verify else None,
-                "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
-            }
+            summary["acceptance"].setdefault(name, {})["sample-T"] = acceptance(w["meta"])
     for name, d in rs.items():
         for wl, runs in d.get("workloads", {}).items():
             if not wl.startswith("speed"):
