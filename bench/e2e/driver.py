@@ -18,8 +18,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             hyblive: bench/e2e/models/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
-            q8b   : bench/e2e/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
-            q36   : bench/e2e/mk_shapes.py (Qwen3.6-27B shape: GatedDeltaNet + gated attention hybrid served as
+            q8b   : bench/e2e/models/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
+            q36   : bench/e2e/models/mk_shapes.py (Qwen3.6-27B shape: GatedDeltaNet + gated attention hybrid served as
                     Qwen3_5ForConditionalGeneration, text only; z-lab Qwen3.6-27B-DFlash drafter shape; dummy weights)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
@@ -64,7 +64,7 @@ MODELSETS = {
     "hyb": ("tiny-next", "tiny-next-dflash"),
     "hyblive": ("live-next", "live-next-dflash"),
     "q8b": ("q8b-target", "q8b-dflash"),  # Qwen3-8B shape + z-lab b16 drafter shape, --load-format dummy
-    "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (mk_profile.py)
+    "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (models/mk_profile.py)
     "q36": ("q36-target", "q36-dflash"),  # Qwen3.6-27B shape + z-lab Qwen3.6-27B-DFlash shape, --load-format dummy
 }
 DUMMY_MODELSETS = ("q8b", "prof", "q36")

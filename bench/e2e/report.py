@@ -5,6 +5,8 @@ Usage (repository root):
                                    [--name call4] [--no-gaps]
   python -m bench.e2e.report hybrid OUT_JSON RAW.tgz [RAW.tgz ...]
   python -m bench.e2e.report spec-v2 CORRECTNESS_RAW SPEED_RAW EXPECTED_JSON OUT_STEM [APPLY_TRANSCRIPT_JSON]
+  python -m bench.e2e.report pay OUT_STEM RAW [RAW ...] [--notes NOTES.md] [--related KEY FILE]
+  python -m bench.e2e.report hybrid17 OUT_STEM RAW [RAW ...] [--kernels KERNELS_JSON]
 
 ## sweep: one gpu_run.sh call on SGLang 0.5.11 (bench/results/e2e-call4.{json,md} + chi-square and round share)
 
@@ -42,6 +44,36 @@ Sections: `lossless` (every DDTree configuration against plain decoding and agai
 models and graph mode, greedy batches 1/4/16 and a stop token inside the accepted path; the T > 0 fit to the target's
 exact law; acceptance against the replay; the host-sync check), `speed-8b` (round milliseconds and tok/s at the
 Qwen3-8B shape, one lease), `apply-transcript` (the product's own apply / rollback run on the GPU machine).
+
+## pay: does DDTree pay at every batch size (issue #20), bench/results/pay-every-batch-h200.{json,md}
+
+  RAW: TAG-raw.tgz files (or directories) of `gpu_run.sh` runs made in ONE lease, holding the `prof-*` configurations
+  (the controlled acceptance profile of models/mk_profile.py) and optionally `q8b-*` ones (random weights: the cost
+  side). NOTES.md: the hand-written verdict and run commands, put under the title as they are.
+
+Rows {config, batch, round_ms, tokens_per_round, tok_s} per configuration and batch:
+- tok_s: output tokens over the wall time of the long generate call (median over reps);
+- tokens_per_round: committed tokens per verify round per request (mean over the batch's requests; plain = 1);
+- round_ms: that call's wall time over its rounds (the slowest request's verify count; plain: decode steps).
+Configuration names map to plain / chain / ddtree-bN / ddtree-schedule by their algorithm and budget. The `-launch`
+configurations' launches and host µs per decode round (the round_stats each result JSON carries) become one table per
+kind of run (controlled / random weights).
+
+## hybrid17: issue #15's proof on SGLang 0.5.17, bench/results/hybrid-0.5.17-h200*.{md,json}
+
+  RAW: TAG-raw.tgz (or result folders) of `bench/e2e/hybrid17.sh` parts, with TAG-prof.tgz beside it when the part
+  profiled; configurations of the same name in a later RAW replace earlier ones. KERNELS_JSON:
+  tests/gpu/test_hybrid_v2_kernels_gpu.py's output (hybrid17.sh writes it as $OUT/hybrid_v2_kernels.json); default:
+  hybrid_v2_kernels.json beside the first RAW.
+
+Sections:
+- `kernels`: the wired tree verify + commit at Qwen3.6-27B's GatedDeltaNet shapes against float64 per-path
+  recurrences, one row per case.
+- `lossless`: every hyblive DDTree and chain configuration against plain decoding (`ar`), plain decoding with the
+  verify kernel's math (`arv`) and the stock V2 chain of the same graph mode; greedy batches 1/4/16.
+- `round_27b`: round milliseconds (un-profiled speed runs), tokens per round and tok/s of the chain and DDTree at the
+  Qwen3.6-27B shape per batch, the GatedDeltaNet verify's share of the round's GPU kernel time (profiled rounds,
+  gdn_share), and the start-up memory check's largest budget for each server's max running requests.
 """
 from __future__ import annotations
 
@@ -49,13 +81,14 @@ import argparse
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.e2e import chisq, driver
-from bench.e2e.e2e_files import load_results, open_raw
+from bench.e2e import chisq, driver, gdn_share
+from bench.e2e.e2e_files import load_results, open_raw, result_paths
 from bench.e2e.workloads import prompts
 
 HERE = Path(__file__).resolve().parent
@@ -225,7 +258,7 @@ def markdown(res: dict) -> str:
                 L.append(f"| {c['config']} | {c['workload']} | {c['request']} | {c['position']} | {c['ar_token']} | "
                          f"{c['spec_token']} | {c['gap_ar_minus_spec']:.2e} | {c['rel_gap']:.2e} | "
                          f"{c['fp32_argmax_is']} |")
-    L += ["", "## Lossless, all configurations (e2e_driver report: greedy / stop vs the same model set's AR)", "",
+    L += ["", "## Lossless, all configurations (driver report: greedy / stop vs the same model set's AR)", "",
           "| config | workload | identical | requests identical | first divergence |", "|---|---|---|---|---|"]
     for n, wls in sorted(res["report"]["lossless"].items()):
         for wl, v in wls.items():
@@ -425,12 +458,23 @@ V2_SPEED_CONFIGS = ("q8b-ar-graph", "q8b-chain-graph", "q8b-ddtree-b16-graph", "
                  "q8b-ddtree-b64-graph")
 
 
-def merged_dir(correct: Path, speed: Path) -> Path:
-    """One directory with every configuration's result JSON: the speed run's re-runs win."""
+def merge_raws(raws: list[Path]) -> Path:
+    """One directory with every configuration's result JSON, logs and profiler traces; a configuration of the same
+    name in a later RAW replaces the earlier one. A TAG-raw.tgz's TAG-prof.tgz beside it (gpu_run.sh returns the
+    traces in their own tarball) is unpacked into prof/ too."""
     out = Path(tempfile.mkdtemp())
-    for src in (open_raw(correct), open_raw(speed)):
+    (out / "logs").mkdir()
+    (out / "prof").mkdir()
+    for raw in raws:
+        prof = raw.with_name(raw.name.replace("-raw.tgz", "-prof.tgz"))
+        if raw.name.endswith("-raw.tgz") and prof.exists():
+            shutil.copytree(open_raw(prof) / "prof", out / "prof", dirs_exist_ok=True)
+        src = open_raw(raw)
         for f in src.glob("*.json"):
             shutil.copy(f, out / f.name)
+        for sub in ("logs", "prof"):
+            if (src / sub).is_dir():
+                shutil.copytree(src / sub, out / sub, dirs_exist_ok=True)
     return out
 
 
@@ -440,9 +484,10 @@ def spec_v2(argv: list[str]) -> int:
         raise SystemExit("usage: python -m bench.e2e.report spec-v2 CORRECTNESS_RAW SPEED_RAW EXPECTED_JSON OUT_STEM "
                          "[APPLY_TRANSCRIPT_JSON]")
     correct, speed, expected, stem = (Path(a) for a in argv[:4])
-    merged = merged_dir(correct, speed)
-    (merged.parent / "expected-acceptance.json").write_text(expected.read_text())  # report() reads it beside result
-    summary = driver.report(merged, merged.parent / "summary", base="0.5.17")  # 0.5.17's acceptance accounting
+    merged = merge_raws([correct, speed])  # the speed run's re-runs win
+    rep = Path(tempfile.mkdtemp())
+    (rep / "expected-acceptance.json").write_text(expected.read_text())  # report() reads it beside its result
+    summary = driver.report(merged, rep / "summary", base="0.5.17")  # 0.5.17's acceptance accounting
     raw = open_raw(correct)
     rs = load_results(merged)
     t_fit = chisq.analyse(rs, raw / "models" / "agree-qwen3")
@@ -470,8 +515,7 @@ def spec_v2(argv: list[str]) -> int:
            "speed-8b": speed_rows}
     if len(argv) == 5:
         out["apply-transcript"] = json.loads(Path(argv[4]).read_text())
-    # Not with_suffix: the stem's version dots ("sglang-0.5.17-h200") would be taken for a suffix.
-    out_json, out_md = stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.md"
+    out_json, out_md = result_paths(stem)
     out_json.write_text(json.dumps(out, indent=1) + "\n")
     out_md.write_text(render_v2(out, argv) + "\n")
     print(out_md.read_text())
@@ -555,7 +599,314 @@ def render_v2(out: dict, argv: list[str]) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = {"sweep": sweep, "hybrid": hybrid, "spec-v2": spec_v2}
+# --------------------------------------------------------------------------------------------------------- pay
+PAY_TITLE = ("# DDTree at every batch size (H200, SGLang 0.5.17, Qwen3-8B shape + b16 DFlash drafter shape, "
+             "CUDA graphs)")
+
+
+def pay_label(cfg: dict) -> str:
+    algo = cfg["algo"]
+    if algo == "ar":
+        return "plain"
+    if algo == "chain":
+        return "chain"
+    budget = cfg.get("budget")
+    if budget is None or not str(budget).isdigit():  # -sched: the schedule's text (or auto)
+        return "ddtree-schedule" + ("-adapt" if cfg.get("adapt") else "")
+    return f"ddtree-b{budget}"
+
+
+def pay_rows(res: dict) -> list[dict]:
+    out = []
+    for wl, runs in sorted(res.get("workloads", {}).items()):
+        if not wl.startswith("speed-bs"):
+            continue
+        bs = int(wl[len("speed-bs"):])
+        tok_s, round_ms, tpr = [], [], []
+        for r in runs:
+            meta = r["meta"]
+            tok_s.append(r["tokens"] / r["seconds"])
+            round_ms.append(1000 * r["seconds"] / max(1, r["rounds"]))
+            per_req = [m["completion_tokens"] / m["spec_verify_ct"] if m.get("spec_verify_ct") else 1.0 for m in meta]
+            tpr.append(statistics.fmean(per_req))
+        out.append({"batch": bs, "tok_s": round(statistics.median(tok_s), 1),
+                    "round_ms": round(statistics.median(round_ms), 3),
+                    "tokens_per_round": round(statistics.fmean(tpr), 3), "reps": len(runs)})
+    return out
+
+
+def pay(argv: list[str]) -> int:
+    """Does DDTree pay at every batch size (issue #20): the rows of the controlled-profile and random-weight runs,
+    their ratios to the chain, and the launches / host µs per round of the ``-launch`` configurations."""
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report pay",
+                                 description="pay-every-batch tables from gpu_run.sh raw results of one lease")
+    ap.add_argument("stem", type=Path, help="writes STEM.json and STEM.md")
+    ap.add_argument("raws", type=Path, nargs="+", help="TAG-raw.tgz files (or result folders)")
+    ap.add_argument("--notes", type=Path, help="hand-written Markdown (the verdict, the run commands) put under the "
+                    "title as it is")
+    ap.add_argument("--related", nargs=2, action="append", default=[], metavar=("KEY", "FILE"),
+                    help="another result this one is read with: the JSON gets KEY: {file: FILE}")
+    a = ap.parse_args(argv)
+    table: dict[str, dict] = {}
+    round_stats: dict[str, dict] = {}
+    profile = None
+    for raw in a.raws:
+        d = open_raw(raw)
+        pj = d / "models" / "prof-target" / "profile.json"
+        if pj.exists():
+            profile = json.loads(pj.read_text())
+        for name, res in load_results(d).items():
+            if not res.get("ok"):
+                table[name] = {"error": res.get("error", "failed")}
+                continue
+            table[name] = {"config": res["config"], "rows": pay_rows(res)}
+            if res.get("round_stats", {}).get("batches"):
+                round_stats[name] = res["round_stats"]
+    out: dict = {"profile": profile, "controlled": [], "random_weights": [], "ratios": {}, "failed": {}}
+    for name, t in sorted(table.items()):
+        if "error" in t:
+            out["failed"][name] = t["error"]
+            continue
+        kind = "controlled" if t["config"]["modelset"] == "prof" else "random_weights"
+        for r in t["rows"]:
+            out[kind].append({"config": pay_label(t["config"]), "name": name, **r})
+    by = {(r["config"], r["batch"]): r for r in out["controlled"]}
+    for (cfg, bs), r in sorted(by.items()):
+        chain = by.get(("chain", bs))
+        if chain and cfg != "chain":
+            out["ratios"].setdefault(cfg, {})[bs] = round(r["tok_s"] / chain["tok_s"], 3)
+    lines = [PAY_TITLE, ""]
+    if a.notes:
+        lines += [a.notes.read_text().rstrip("\n"), ""]
+    lines += [f"Reproduce: `python -m bench.e2e.report pay {' '.join(argv)}`", ""]
+    if profile:
+        p = ", ".join(f"{x:.4f}" for x in profile["probs"])
+        ea = profile["expected_accepted"]
+        lines += [f"Profile (`prof` models, bench/e2e/models/mk_profile.py): target and drafter share a context-free "
+                  f"law over four tokens, P = ({p}) by drafter rank, sampled at temperature {profile['temperature']}: "
+                  f"the rank-r candidate holds the target's token with probability P[r] at every depth. Expected "
+                  f"tokens per round: chain {1 + ea['chain']:.2f}, "
+                  + ", ".join(f"{k} {1 + v:.2f}" for k, v in ea.items() if k != "chain") + ".", ""]
+    schedules = sorted({str(t["config"].get("budget")) for t in table.values()
+                        if "config" in t and pay_label(t["config"]).startswith("ddtree-schedule")})
+    if schedules:
+        out["schedules"] = schedules
+        lines += [f"ddtree-schedule = `--speculative-ddtree-budget {' / '.join(schedules)}`.", ""]
+    for kind, title in (("controlled", "Controlled profile"), ("random_weights", "Random weights (cost side only)")):
+        if not out[kind]:
+            continue
+        lines += [f"## {title}", "", "| config | batch | tok/s | tokens/round | round ms | vs chain |",
+                  "|---|---|---|---|---|---|"]
+        for r in sorted(out[kind], key=lambda r: (r["batch"], r["config"])):
+            ratio = out["ratios"].get(r["config"], {}).get(r["batch"]) if kind == "controlled" else None
+            lines.append(f"| {r['config']} | {r['batch']} | {r['tok_s']} | {r['tokens_per_round']} | {r['round_ms']} | "
+                         f"{'' if ratio is None else ratio} |")
+        lines.append("")
+    from bench.e2e.round_stats import table as round_stats_table
+
+    for kind, title in (("controlled", "Controlled profile"), ("random_weights", "Random weights")):
+        stats = {n: round_stats[n] for n in sorted(round_stats) if (table[n]["config"]["modelset"] == "prof")
+                 == (kind == "controlled")}
+        if not stats:
+            continue
+        out[f"round_stats_{kind}"] = stats
+        unprofiled = sorted({bs for st in stats.values() for bs, r in st["batches"].items()
+                             if r.get("kernel_launches") is None}, key=int)
+        lines += ["## Launches and host µs per decode round (worker's forward_batch_generation; counts: median of the "
+                  "profiled rounds)", ""] + round_stats_table(stats) + [
+                  "", f"{title} (the `-launch` hook" + (f"; batch {', '.join(unprofiled)} rows are the warm-up's"
+                                                       if unprofiled else "") + ").", ""]
+    for name, path in a.related:
+        out[name] = {"file": path}
+    if out["failed"]:
+        lines += ["## Failed configurations", ""] + [f"- {n}: {e}" for n, e in out["failed"].items()] + [""]
+    a.stem.parent.mkdir(parents=True, exist_ok=True)
+    out_json, out_md = result_paths(a.stem)
+    out_json.write_text(json.dumps(out, indent=1) + "\n")
+    out_md.write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- hybrid17
+H17_BATCHES = (1, 4, 16)
+Q36_BATCHES = (1, 8, 16)
+Q36_ORDER = ("chain", 16, 32, 64, 128)
+FITS = re.compile(r"DDTree hybrid: budget (\d+) fits .*\(largest that fits: (-?\d+) at (\d+) max running requests\)")
+
+
+def kernels_section(path: Path | None) -> dict:
+    if path is None or not path.exists():
+        return {"run": False, "why": f"no kernel check results ({path})"}
+    res = json.loads(path.read_text())
+    if "cases" not in res:
+        return {"run": False, "why": res.get("skipped") or "no cases"}
+    keep = ("case", "ok", "max_out_err", "max_state_err", "window_exact", "walk_follows_path", "commit_is_accepted_node",
+            "commit_equals_sequential_path", "sequential_max_abs_diff", "track_slot_is_tracked_node", "tracked",
+            "others_untouched", "accept_len_max", "verify_s", "seconds", "error")
+    return {"run": True, "ok": res["ok"], "device": res.get("device"), "gpu": res.get("gpu"), "dtype": res.get("dtype"),
+            "shapes": res["shapes"], "cases": [{k: c.get(k) for k in keep if k in c} for c in res["cases"]]}
+
+
+def _outs(d: dict, wl: str):
+    w = (d or {}).get("workloads", {}).get(wl)
+    return None if w is None else w["output_ids"]
+
+
+def lossless_section(rs: dict) -> list[dict]:
+    rows = []
+    for name, d in sorted(rs.items()):
+        cfg = d.get("config", {})
+        if cfg.get("modelset") != "hyblive" or cfg.get("algo") not in ("chain", "ddtree"):
+            continue
+        graph = "-graph" if cfg.get("graph") else ""
+        refs = {"ar": rs.get(f"hyblive-ar{graph}"), "arv": rs.get(f"hyblive-arv{graph}"),
+                "chain": rs.get(f"hyblive-chain{graph}") if cfg["algo"] == "ddtree" else None}
+        for bs in H17_BATCHES:
+            wl = f"greedy-bs{bs}"
+            mine = _outs(d, wl)
+            row = {"config": name, "algo": cfg["algo"], "budget": cfg.get("budget"), "graph": bool(cfg.get("graph")),
+                   "batch": bs, "ok": bool(d.get("ok")), "error": d.get("error")}
+            if mine is not None:
+                meta = d["workloads"][wl]["meta"]
+                v = sum((m.get("spec_verify_ct") or 0) for m in meta)
+                a = sum((m.get("spec_accepted_drafts") or 0) for m in meta)
+                row["tokens_per_round"] = round((a + v) / v, 3) if v else None
+            for ref, rd in refs.items():
+                theirs = _outs(rd, wl)
+                if mine is None or theirs is None:
+                    row[f"vs_{ref}"] = None
+                    continue
+                div = driver.first_divergences(mine, theirs)
+                row[f"vs_{ref}"] = {"identical": all(x is None for x in div) and len(mine) == len(theirs),
+                                    "requests": len(mine), "identical_requests": sum(x is None for x in div),
+                                    "first_divergence": [x for x in div if x is not None][:6]}
+            rows.append(row)
+    return rows
+
+
+def _fits_from_logs(raw: Path) -> dict[str, dict]:
+    out = {}
+    for log in sorted((raw / "logs").glob("q36-*.log")):
+        found = list(FITS.finditer(log.read_text(errors="replace")))
+        m = found[-1] if found else None
+        if m:
+            out[log.stem] = {"budget": int(m.group(1)), "largest_fit": int(m.group(2)), "max_running": int(m.group(3))}
+        else:
+            txt = log.read_text(errors="replace")
+            refused = re.search(r"DDTree on a hybrid target[^\n]*", txt)
+            if refused:
+                out[log.stem] = {"refused": refused.group(0)[:600]}
+    return out
+
+
+def round_section(rs: dict, raw: Path) -> dict:
+    shares = gdn_share.run(raw)
+    fits = _fits_from_logs(raw)
+    rows = []
+    for name, d in sorted(rs.items()):
+        cfg = d.get("config", {})
+        if cfg.get("modelset") != "q36":
+            continue
+        key = "chain" if cfg["algo"] == "chain" else cfg.get("budget")
+        for bs in Q36_BATCHES:
+            runs = d.get("workloads", {}).get(f"speed-bs{bs}")
+            row = {"config": name, "variant": key, "batch": bs, "max_running": cfg.get("max_running"),
+                   "ok": bool(d.get("ok")), "error": d.get("error")}
+            if runs:
+                rms = sorted(r["round_ms"] for r in runs if r.get("round_ms") is not None)
+                tps = sorted(r["tok_per_s"] for r in runs)
+                v = sum((m.get("spec_verify_ct") or 0) for r in runs for m in r["meta"])
+                a = sum((m.get("spec_accepted_drafts") or 0) for r in runs for m in r["meta"])
+                row.update(round_ms=rms[len(rms) // 2] if rms else None, round_ms_all=rms,
+                           tok_per_s=tps[len(tps) // 2], tokens_per_round=round((a + v) / v, 3) if v else None)
+            sh = shares.get(name, {}).get(f"bs{bs}")
+            if sh:
+                row.update(gdn_verify_share=sh["gdn_verify_share"], gdn_commit_share=sh["gdn_commit_share"],
+                           kernel_ms_per_round_profiled=sh["kernel_ms_per_round"],
+                           gdn_verify_ms_per_round_profiled=sh["gdn_verify_ms_per_round"])
+            elif cfg.get("max_running") is not None and bs > cfg["max_running"]:
+                row["not_run"] = (f"batch {bs} > {cfg['max_running']} max running requests: budget {key}'s per-node "
+                                  "states for more requests do not fit one H200 next to the 27B weights")
+            if "round_ms" in row or "not_run" in row or row["error"]:
+                rows.append(row)
+    chain = {r["batch"]: r.get("round_ms") for r in rows if r["variant"] == "chain"}
+    for r in rows:
+        if r.get("round_ms") and chain.get(r["batch"]):
+            r["round_vs_chain"] = round(r["round_ms"] / chain[r["batch"]], 3)
+    return {"rows": rows, "memory_check": fits, "gdn_share": shares}
+
+
+def render_hybrid17(s: dict) -> str:
+    L = ["# DDTree on hybrid GatedDeltaNet targets, SGLang 0.5.17, H200 (issue #15)", ""]
+    k = s["kernels"]
+    L += ["## Kernel checks (the wired verify + commit vs float64 per-path recurrences)", ""]
+    if not k["run"]:
+        L += [f"Not run: {k['why']}", ""]
+    else:
+        sh = k["shapes"]
+        L += [f"Device {k.get('gpu') or k['device']}, activations {k.get('dtype')}, GDN heads {sh['num_k_heads']} key / "
+              f"{sh['num_v_heads']} value, head dims {sh['head_k_dim']}/{sh['head_v_dim']}, conv {sh['conv_kernel']}. "
+              f"All pass: **{k['ok']}**.", "",
+              "| case | ok | out err | state err | windows exact | commit = sequential | track | accept max | s |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for c in k["cases"]:
+            L.append(f"| {c['case']} | {c['ok']} | {c.get('max_out_err', 0):.2e} | {c.get('max_state_err', 0):.2e} | "
+                     f"{c.get('window_exact')} | {c.get('commit_equals_sequential_path')} | "
+                     f"{c.get('track_slot_is_tracked_node')} ({c.get('tracked', 0)}) | {c.get('accept_len_max')} | "
+                     f"{c.get('seconds')} |" + (f" {c['error']}" if c.get("error") else ""))
+        L.append("")
+
+    def same(v):
+        return "-" if v is None else ("yes" if v["identical"] else f"no ({v['identical_requests']}/{v['requests']})")
+
+    L += ["## Lossless (hyblive, greedy output ids)", "",
+          "| config | batch | = plain | = plain, verify math | = stock chain | tokens/round |", "|---|---|---|---|---|---|"]
+    for r in s["lossless"]:
+        L.append(f"| {r['config']} | {r['batch']} | {same(r.get('vs_ar'))} | {same(r.get('vs_arv'))} | "
+                 f"{same(r.get('vs_chain'))} | {r.get('tokens_per_round')} |" + ("" if r["ok"] else f" {r['error']}"))
+    L += ["", "## Qwen3.6-27B shape: round milliseconds (dummy weights, CUDA graphs)", "",
+          "| variant | batch | round ms | vs chain | tokens/round | tok/s | GDN verify share | max running |",
+          "|---|---|---|---|---|---|---|---|"]
+    order = {v: i for i, v in enumerate(Q36_ORDER)}
+    for r in sorted(s["round_27b"]["rows"], key=lambda r: (order.get(r["variant"], 99), r["batch"])):
+        if "not_run" in r:
+            L.append(f"| {r['variant']} | {r['batch']} | not run | | | | | {r['max_running']} |")
+            continue
+        share = r.get("gdn_verify_share")
+        L.append(f"| {r['variant']} | {r['batch']} | {r.get('round_ms')} | {r.get('round_vs_chain')} | "
+                 f"{r.get('tokens_per_round')} | {r.get('tok_per_s')} | "
+                 f"{'-' if share is None else f'{share:.1%}'} | {r['max_running']} |"
+                 + ("" if r["ok"] else f" {r['error']}"))
+    if s["round_27b"]["memory_check"]:
+        L += ["", "Start-up memory check (the server's log): " + "; ".join(
+            f"{n}: " + (f"largest budget {v['largest_fit']} at {v['max_running']} requests" if "largest_fit" in v
+                        else v["refused"]) for n, v in sorted(s["round_27b"]["memory_check"].items()))]
+    return "\n".join(L) + "\n"
+
+
+def hybrid17(argv: list[str]) -> int:
+    """Issue #15's proof on SGLang 0.5.17: kernels, hyblive lossless, the Qwen3.6-27B shape's rounds."""
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report hybrid17",
+                                 description="hybrid GatedDeltaNet DDTree on 0.5.17 from hybrid17.sh raw results")
+    ap.add_argument("stem", type=Path, help="writes STEM.json and STEM.md")
+    ap.add_argument("raws", type=Path, nargs="+", help="TAG-raw.tgz files (or result folders); later ones win")
+    ap.add_argument("--kernels", type=Path, help="tests/gpu/test_hybrid_v2_kernels_gpu.py's JSON (default: "
+                    "hybrid_v2_kernels.json beside the first RAW)")
+    a = ap.parse_args(argv)
+    kernels = a.kernels if a.kernels is not None else a.raws[0].parent / "hybrid_v2_kernels.json"
+    raw = merge_raws(a.raws)
+    rs = load_results(raw)
+    summary = {"kernels": kernels_section(kernels), "lossless": lossless_section(rs), "round_27b": round_section(rs, raw),
+               "configs": {n: {k: d.get(k) for k in ("ok", "error", "startup_s", "total_s")} for n, d in rs.items()}}
+    out_json, out_md = result_paths(a.stem)
+    out_json.write_text(json.dumps(summary, indent=1))
+    out_md.write_text(render_hybrid17(summary))
+    print(render_hybrid17(summary))
+    return 0
+
+
+COMMANDS = {"sweep": sweep, "hybrid": hybrid, "spec-v2": spec_v2, "pay": pay, "hybrid17": hybrid17}
 
 
 def main(argv: list[str] | None = None) -> int:

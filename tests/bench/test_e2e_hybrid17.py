@@ -1,5 +1,5 @@
 """The 0.5.17 hybrid GPU proof's plumbing on CPU (bench/e2e: driver.py, dry_engine.py, gdn_share.py,
-post_hybrid17.py): the engine arguments of its configurations, the GPU assignment, and the report from dry-run
+report.py hybrid17): the engine arguments of its configurations, the GPU assignment, and the report from dry-run
 results (the stand-in engine's outputs and profiler traces; what the real run's numbers are is the GPU's job)."""
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_report_from_dry_results(tmp_path: Path):
                                               "accept_len_max": 4, "seconds": 2.0}]}))
     stem = tmp_path / "out" / "hybrid"
     stem.parent.mkdir()
-    r = subprocess.run([sys.executable, "-m", "bench.e2e.post_hybrid17", str(stem), str(raw), "--kernels", str(kernels)],
+    r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "hybrid17", str(stem), str(raw), "--kernels", str(kernels)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17"})
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(stem.with_suffix(".json").read_text())

@@ -1,9 +1,9 @@
 """Benchmark-only start-up hook (bench/e2e, never shipped): the `prof` models' controlled weights.
 
-`e2e_driver.py` puts this directory first on PYTHONPATH for the `prof` model set and sets E2E_PROFILE_JSON to the
-profile that `mk_profile.py` wrote. Every process of that Engine imports this file at start-up; when SGLang's
+`bench/e2e/driver.py` puts this directory first on PYTHONPATH for the `prof` model set and sets E2E_PROFILE_JSON to the
+profile that `models/mk_profile.py` wrote. Every process of that Engine imports this file at start-up; when SGLang's
 model loader module is executed, its `initialize_dummy_weights` (the `--load-format dummy` fill) is wrapped so
-that, right after the random fill, the model gets the profile's weights (mk_profile.py says why these):
+that, right after the random fill, the model gets the profile's weights (models/mk_profile.py says why these):
 - `o_proj` and `down_proj` of every layer: zero (the GEMMs still run at full size);
 - every norm weight: one;
 - the token embedding: every row e0 (the drafter has none; it reads the target's);

@@ -2,7 +2,7 @@
 speculative worker (``DFlashWorkerV2.forward_batch_generation``: chain and DDTree) or of the plain worker
 (``TpModelWorker.forward_batch_generation`` when it is the outermost call: AR), in the scheduler process.
 
-How: e2e_driver.py puts this directory first on PYTHONPATH for a ``-launch`` configuration and sets
+How: bench/e2e/driver.py puts this directory first on PYTHONPATH for a ``-launch`` configuration and sets
 ``DDTREE_ROUND_STATS=DIR``; every process of that Engine imports this file at start-up, and an import hook wraps the
 two methods right after SGLang's modules execute (nothing else is touched; another sitecustomize further down the
 path is still run). Per decode round (extend batches are skipped) at batch size B:
