@@ -385,10 +385,6 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
     verify kernel's math instead of its packed decode kernel (bench/e2e/gdn_unpacked_decode/sitecustomize.py says
     why); everything else is the `ar` configuration."""
     env = dict(os.environ)
-    if cfg["modelset"] == "prof":
-        hook = str(Path(__file__).resolve().parent / "profile_weights")
-        env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["E2E_PROFILE_JSON"] = str(MODELS / "prof-target" / "profile.json")
     if cfg["modelset"] in SAMPLED_SPEED_MODELSETS:
         env.setdefault("E2E_SPEED_T", str(SAMPLED_SPEED_MODELSETS[cfg["modelset"]]))
     if cfg.get("sync_check"):
@@ -400,8 +396,13 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
         # first on the path: its sitecustomize runs the next one (gdn_unpacked_decode's, the bundle's) itself
         hooks.insert(0, str(Path(__file__).resolve().parent / "round_stats_hook"))
         env["DDTREE_ROUND_STATS"] = str(round_stats_dir(outdir, cfg["name"]))
+    if cfg["modelset"] == "prof":
+        hooks.append(str(Path(__file__).resolve().parent / "profile_weights"))
+        env["E2E_PROFILE_JSON"] = str(MODELS / "prof-target" / "profile.json")
     if hooks:
-        env["PYTHONPATH"] = os.pathsep.join(hooks + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # the hooks import bench.e2e.import_hook: the repository root goes last, so it shadows nothing
+        rest = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+        env["PYTHONPATH"] = os.pathsep.join(hooks + rest + [str(ROOT)])
     return env
 
 

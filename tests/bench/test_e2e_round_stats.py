@@ -81,7 +81,7 @@ def test_hook_counts_decode_rounds_of_the_outermost_worker(tmp_path):
     env = {**os.environ, "DDTREE_ROUND_STATS": str(out), "DDTREE_ROUND_STATS_WARMUP": "2",
            "DDTREE_ROUND_STATS_PROFILED": "3",
            "PYTHONPATH": os.pathsep.join([str(E2E / "round_stats_hook"), str(tmp_path / "next"),
-                                          str(tmp_path / "site")])}
+                                          str(tmp_path / "site"), str(ROOT)])}  # as driver.config_env lays it out
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NEXT 1" in r.stdout, "the next sitecustomize on the path still runs"

@@ -12,35 +12,19 @@ How: bench/e2e/driver.py puts this directory first on PYTHONPATH for the `arv` a
 process of that Engine imports this file at start-up; it flips the class attribute right after SGLang's module
 is executed (an import hook; nothing else is touched).
 """
-import importlib.abc
-import importlib.util
 import sys
+
+try:
+    from bench.e2e.import_hook import after_import
+except ImportError as e:  # a hook that silently did nothing would measure something else: stop the process
+    raise SystemExit(f"bench/e2e/gdn_unpacked_decode: {e}: the repository root must be on PYTHONPATH") from e
 
 _TARGET = "sglang.srt.layers.attention.linear.kernels.gdn_triton"
 
 
-class _Flip(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name != _TARGET:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None:
-            return None
-        self._inner = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        module.TritonGDNKernel.supports_packed_decode = False
-        print("[bench/e2e] GDN packed decode off: plain decode uses the verify kernel's math", file=sys.stderr)
+def _flip(module) -> None:
+    module.TritonGDNKernel.supports_packed_decode = False
+    print("[bench/e2e] GDN packed decode off: plain decode uses the verify kernel's math", file=sys.stderr)
 
 
-sys.meta_path.insert(0, _Flip())
+after_import(_TARGET, _flip)
