@@ -34,6 +34,8 @@ log = logging.getLogger("ddtree_deploy.transport")
 # ourselves, so its log is shown only with -vv (console.setup_logging), never by logging's last-resort handler.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
+#: how long output may still arrive after the exit status when no EOF comes (a daemon kept the stdout)
+_EXIT_GRACE = 0.5
 _POLL = 0.002
 DEFAULT_SSH_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
 
@@ -248,6 +250,7 @@ class SSHConnection(HostConnection):
                 chan.shutdown_write()
             else:
                 writer = pump_stdin(stdin, chan.sendall, chan.shutdown_write)
+            exited_at: float | None = None
             while True:
                 progressed = False
                 while chan.recv_ready():
@@ -257,7 +260,12 @@ class SSHConnection(HostConnection):
                     err += chan.recv_stderr(CHUNK)
                     progressed = True
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd may send the exit status before the last of the output: the end of the output is the
+                    # channel's EOF. A command that left a daemon holding its stdout never sends one, so after the
+                    # exit status the output gets a short grace instead of the whole timeout.
+                    exited_at = exited_at or time.monotonic()
+                    if chan.eof_received or time.monotonic() - exited_at > _EXIT_GRACE:
+                        break
                 if chan.closed and not chan.recv_ready():
                     break
                 if time.monotonic() > deadline:

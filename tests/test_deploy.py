@@ -72,7 +72,9 @@ def test_failing_release_is_rolled_back(deployed, mode, stage, reason):
     assert failed.log_tail  # the failure is shown with the server log
     if mode == "crash":
         assert "standin: scripted start-up crash" in failed.log_tail
-        assert failed.seconds < 2.0  # a dead server fails the probe at once, not at the start-up deadline
+        # a dead server fails the probe when it is seen dead, not at the start-up deadline (4 s; the bound is that
+        # deadline, not a speed: a loaded 2-core machine may take a second or two to notice)
+        assert failed.seconds < 4.0 and "within the start-up budget" not in failed.detail
     assert report.rolled_back_to == good.release
     assert report.rollback_probe is not None and report.rollback_probe.ok
     info, now, server = _state(host)

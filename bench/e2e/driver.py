@@ -23,6 +23,7 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
                     Qwen3_5ForConditionalGeneration, text only; z-lab Qwen3.6-27B-DFlash drafter shape; dummy weights)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
+            ard (0.5.17, no speculative decoding; hybrid GDN decode through DDTree's tree kernels, see config_env)
   -sched    (ddtree, 0.5.17) --speculative-ddtree-budget $E2E_DDTREE_SCHEDULE (default auto: the built-in
             cost model's batch-size schedule)
   -adapt    (ddtree, 0.5.17) --speculative-ddtree-adapt: the schedule adapted online
@@ -382,16 +383,18 @@ def round_stats_dir(outdir: Path, name: str) -> Path:
 
 def config_env(cfg: dict, outdir: Path | None = None) -> dict:
     """Environment of one configuration's processes. `arv` (AR, verify math): SGLang's GDN decode uses the target
-    verify kernel's math instead of its packed decode kernel (bench/e2e/gdn_unpacked_decode/sitecustomize.py says
-    why); everything else is the `ar` configuration."""
+    verify kernel's math instead of its packed decode kernel; `ard` (AR, DDTree math): each GDN decode step is a
+    1-node tree through DDTree's tree kernels (bench/e2e/gdn_unpacked_decode/sitecustomize.py says why); everything
+    else is the `ar` configuration."""
     env = dict(os.environ)
     if cfg["modelset"] in SAMPLED_SPEED_MODELSETS:
         env.setdefault("E2E_SPEED_T", str(SAMPLED_SPEED_MODELSETS[cfg["modelset"]]))
     if cfg.get("sync_check"):
         env["DDTREE_SYNC_CHECK"] = "1"
     hooks = []
-    if cfg["algo"] == "arv":
+    if cfg["algo"] in ("arv", "ard"):
         hooks.append(str(Path(__file__).resolve().parent / "gdn_unpacked_decode"))
+        env["E2E_GDN_DECODE"] = "tree" if cfg["algo"] == "ard" else "verify"
     if cfg.get("round_stats") and outdir is not None:
         # first on the path: its sitecustomize runs the next one (gdn_unpacked_decode's, the bundle's) itself
         hooks.insert(0, str(Path(__file__).resolve().parent / "round_stats_hook"))

@@ -4,8 +4,11 @@
 #   kernels   tests/gpu/test_hybrid_v2_kernels_gpu.py: the wired verify + commit at Qwen3.6-27B's GDN shapes, budgets
 #             1/16/64/256, batch up to 16, against float64 per-path recurrences (runs beside the configurations)
 #   lossless  the hyblive models (bench/e2e/models/mk_hybrid_live.py): DDTree b4/b16/b64 vs the stock V2 chain vs plain
-#             decoding (and plain decoding with the verify kernel's math, `arv`), greedy batches 1/4/16, eager and
-#             CUDA graphs, radix cache on with the extra_buffer mamba strategy
+#             decoding (and plain decoding with the chain verify kernel's math, `arv`, and with DDTree's tree
+#             kernels' math, `ard`, in part `ard`), greedy batches 1/4/16, eager and CUDA graphs, radix cache on with
+#             the extra_buffer mamba strategy
+#   ard       the smallest run of the lossless proof (one GPU, three engines, no kernel check): plain decoding with
+#             DDTree's tree-kernel math vs DDTree b4 and b16, eager (bench/results/hybrid-0.5.17-h200-ties.md says why)
 #   q36       the Qwen3.6-27B shape (dummy weights) + the z-lab Qwen3.6-27B-DFlash drafter shape: round milliseconds
 #             of the chain and DDTree b16/b32/b64/b128 at batch 1/8/16 where the per-node states fit (max running
 #             requests 16/16/8/4/1), and the profiler's GatedDeltaNet-verify share of the round
@@ -13,6 +16,7 @@
 # `ddtree-deploy patchset build ddtree --base sglang==0.5.17 --out .e2e17/overlay`):
 #   bash bench/e2e/hybrid17.sh TAG all        # 4 GPUs (E2E_GPUS=0,1,2,3 by default): everything at once
 #   bash bench/e2e/hybrid17.sh TAG lossless   # one GPU: kernels + lossless
+#   bash bench/e2e/hybrid17.sh TAG ard        # one GPU: hyblive-ard vs DDTree b4/b16 (eager)
 #   bash bench/e2e/hybrid17.sh TAG q36a       # one GPU: chain, b16, b32 at the 27B shape
 #   bash bench/e2e/hybrid17.sh TAG q36b       # one GPU: b64, b128 at the 27B shape
 # then: python -m bench.e2e.report hybrid17 bench/results/hybrid-0.5.17-h200 $OUT/*-raw.tgz
@@ -32,9 +36,10 @@ export E2E_PROF_TOKENS=${E2E_PROF_TOKENS:-32} E2E_GRAPH_MAX_BS=${E2E_GRAPH_MAX_B
 case "$PART" in
   all) export E2E_GPUS=${E2E_GPUS:-0,1,2,3} E2E_KERNEL_CHECK=1; CONFIGS=$Q36A,$Q36B,$LOSSLESS ;;
   lossless) export E2E_KERNEL_CHECK=1; CONFIGS=$LOSSLESS ;;
+  ard) CONFIGS=hyblive-ard,hyblive-ddtree-b4,hyblive-ddtree-b16 ;;
   q36a) CONFIGS=$Q36A ;;
   q36b) CONFIGS=$Q36B ;;
-  *) echo "part must be all, lossless, q36a or q36b, got $PART" >&2; exit 2 ;;
+  *) echo "part must be all, lossless, ard, q36a or q36b, got $PART" >&2; exit 2 ;;
 esac
 # q36 parts on one GPU run their servers one after another (each needs most of the GPU): the sequential phase
 if [ "$PART" = q36a ] || [ "$PART" = q36b ]; then

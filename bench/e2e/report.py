@@ -70,7 +70,8 @@ Sections:
 - `kernels`: the wired tree verify + commit at Qwen3.6-27B's GatedDeltaNet shapes against float64 per-path
   recurrences, one row per case.
 - `lossless`: every hyblive DDTree and chain configuration against plain decoding (`ar`), plain decoding with the
-  verify kernel's math (`arv`) and the stock V2 chain of the same graph mode; greedy batches 1/4/16.
+  verify kernel's math (`arv`), plain decoding with DDTree's tree-kernel math (`ard`, DDTree rows only) and the stock
+  V2 chain of the same graph mode; greedy batches 1/4/16.
 - `round_27b`: round milliseconds (un-profiled speed runs), tokens per round and tok/s of the chain and DDTree at the
   Qwen3.6-27B shape per batch, the GatedDeltaNet verify's share of the round's GPU kernel time (profiled rounds,
   gdn_share), and the start-up memory check's largest budget for each server's max running requests.
@@ -761,6 +762,7 @@ def lossless_section(rs: dict) -> list[dict]:
             continue
         graph = "-graph" if cfg.get("graph") else ""
         refs = {"ar": rs.get(f"hyblive-ar{graph}"), "arv": rs.get(f"hyblive-arv{graph}"),
+                "ard": rs.get(f"hyblive-ard{graph}") if cfg["algo"] == "ddtree" else None,
                 "chain": rs.get(f"hyblive-chain{graph}") if cfg["algo"] == "ddtree" else None}
         for bs in H17_BATCHES:
             wl = f"greedy-bs{bs}"
@@ -861,10 +863,12 @@ def render_hybrid17(s: dict) -> str:
         return "-" if v is None else ("yes" if v["identical"] else f"no ({v['identical_requests']}/{v['requests']})")
 
     L += ["## Lossless (hyblive, greedy output ids)", "",
-          "| config | batch | = plain | = plain, verify math | = stock chain | tokens/round |", "|---|---|---|---|---|---|"]
+          "| config | batch | = plain | = plain, verify math | = plain, DDTree math | = stock chain | tokens/round |",
+          "|---|---|---|---|---|---|---|"]
     for r in s["lossless"]:
         L.append(f"| {r['config']} | {r['batch']} | {same(r.get('vs_ar'))} | {same(r.get('vs_arv'))} | "
-                 f"{same(r.get('vs_chain'))} | {r.get('tokens_per_round')} |" + ("" if r["ok"] else f" {r['error']}"))
+                 f"{same(r.get('vs_ard'))} | {same(r.get('vs_chain'))} | {r.get('tokens_per_round')} |"
+                 + ("" if r["ok"] else f" {r['error']}"))
     L += ["", "## Qwen3.6-27B shape: round milliseconds (dummy weights, CUDA graphs)", "",
           "| variant | batch | round ms | vs chain | tokens/round | tok/s | GDN verify share | max running |",
           "|---|---|---|---|---|---|---|---|"]

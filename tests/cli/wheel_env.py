@@ -67,15 +67,22 @@ def build_wheel(dest: Path) -> Path:
     return wheels[0]
 
 
-def make_wheel_env(root: Path) -> WheelEnv:
-    """Wheel -> fresh venv (no system site-packages) -> ``pip install`` of the wheel alone, deps from the registry."""
+def install_wheel(root: Path) -> None:
+    """Wheel (``root/build``) -> fresh venv (``root/venv``, no system site-packages) -> ``pip install`` of the
+    wheel alone, deps from the registry. Read-only afterwards: the test run's workers share it."""
     wheel = build_wheel(root / "build")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
     proc = _pip(venv / "bin" / "python", "install", str(wheel))
     if proc.returncode != 0:
         raise RuntimeError(f"pip install of the wheel into a fresh venv failed:\n{proc.stdout}\n{proc.stderr}")
-    home, workdir = root / "home", root / "elsewhere"
+
+
+def make_wheel_env(installed: Path, user: Path) -> WheelEnv:
+    """The venv of :func:`install_wheel` at ``installed``, used by a user with a home and a working directory of
+    their own under ``user`` (what the CLI writes lands there, never in the shared venv)."""
+    wheel = next((installed / "build" / "dist").glob("ddtree_deploy-*.whl"))
+    home, workdir = user / "home", user / "elsewhere"
     home.mkdir()
     workdir.mkdir()
-    return WheelEnv(wheel=wheel, venv=venv, home=home, workdir=workdir)
+    return WheelEnv(wheel=wheel, venv=installed / "venv", home=home, workdir=workdir)

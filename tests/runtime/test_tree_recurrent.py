@@ -267,6 +267,42 @@ def test_conv_triton_equals_reference_bf16_on_draft_trees(rt, gen, dev):
     torch.testing.assert_close(y_t.float(), y_r.float(), rtol=1e-2, atol=1e-2)
 
 
+@needs_triton
+@pytest.mark.parametrize("splits", [[4], [1, 1, 1, 1], [2, 1, 1], [1, 3]])
+def test_a_path_split_into_rounds_anywhere_gives_the_same_bits(splits, gen, dev):
+    """DDTree's outputs and committed states depend only on the path, not on where the rounds end (issue #15: b4
+    and b16 accept differently yet emit byte-identical tokens; plain decoding through these kernels, one node per
+    step, is then a bit-exact reference). A bf16 model's dtypes: bf16 activations and conv pool, fp32 SSM pool."""
+    n = sum(splits)
+    whole = as_parent([chain(n)] * 3)
+    q, k, v, g, beta, h0, slot = gdn_inputs(gen, whole, slots=5, dtype=torch.bfloat16)
+    x, cs, weight, bias, _ = conv_inputs(gen, whole, slots=5)
+    x, cs = x.to(torch.bfloat16), cs.to(torch.bfloat16)
+    o_all, st_all = TR.tree_gated_delta_rule(*_to(dev, q, k, v, g, beta, whole, h0, slot), use_qk_l2norm=True,
+                                             impl="triton")
+    y_all, win_all = TR.tree_causal_conv1d(*_to(dev, x, whole, cs, slot, weight, bias), activation="silu",
+                                           impl="triton")
+    ssm_pool, conv_pool = h0.clone().to(dev), cs.clone().to(dev)
+    start, outs, ys = 0, [], []
+    for m in splits:  # a round of m nodes: verify a chain of m from the committed slot, commit its last node
+        part = as_parent([chain(m)] * 3)
+        sl = slice(start, start + m)
+        o, st = TR.tree_gated_delta_rule(*_to(dev, q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], part,
+                                              ssm_pool, slot), use_qk_l2norm=True, impl="triton")
+        y, win = TR.tree_causal_conv1d(*_to(dev, x[:, sl].contiguous(), part, conv_pool, slot, weight, bias),
+                                       activation="silu", impl="triton")
+        last = torch.full((3,), m - 1, dtype=torch.long)
+        TR.commit_tree_states(ssm_pool, conv_pool, st, win, *_to(dev, last, slot), impl="triton")
+        outs.append(o)
+        ys.append(y)
+        start += m
+    assert torch.equal(torch.cat(outs, 1), o_all)
+    assert torch.equal(torch.cat(ys, 1), y_all)
+    for b in range(3):
+        assert torch.equal(ssm_pool[int(slot[b])], st_all[b, n - 1])
+        assert torch.equal(conv_pool[int(slot[b])], win_all[b, n - 1])
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_commit_then_continue_equals_oracle(impl, gen, dev):
     """Verify a tree, accept a path, commit; the next round, started from the committed slot, must equal the

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from once import built_once  # noqa: E402
 from sglang_series_helpers import CACHE, build_patched, load_module, patchset  # noqa: E402
 
 @pytest.fixture(scope="session")
@@ -33,7 +34,7 @@ def base_wheel() -> Path:
 def patched_tree(base_wheel: Path, tmp_path_factory) -> Path:
     """The whole sglang 0.5.11 package with the series applied and the runtime vendored, as the product builds it
     (`patchset build --full`)."""
-    return build_patched(base_wheel, tmp_path_factory.mktemp("site") / "tree")
+    return built_once(tmp_path_factory, "sglang-0.5.11-patched", lambda dest: build_patched(base_wheel, dest))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from once import built_once  # noqa: E402
 from v2_helpers import BASES, build_patched, run_scripts, script_result  # noqa: E402
 
 
@@ -17,12 +18,13 @@ def v2_base(request) -> str:
 
 @pytest.fixture(scope="session")
 def v2_trees(tmp_path_factory) -> dict:
-    """base version -> its patched tree (built lazily)."""
+    """base version -> its patched tree (built lazily, once per run: shared by the xdist workers, read-only)."""
     cache: dict = {}
 
     def get(version: str) -> Path:
         if version not in cache:
-            cache[version] = build_patched(version, tmp_path_factory.mktemp(f"sglang-{version}") / "site")
+            cache[version] = built_once(tmp_path_factory, f"sglang-{version}-patched",
+                                        lambda dest: build_patched(version, dest))
         return cache[version]
 
     return get

@@ -397,3 +397,95 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
     # the e2e q36 configurations (bench/e2e/hybrid17.sh): b16 at 16 requests, b32 at 8, b64 at 4, b128 at 1
     assert fits[16] >= 16 and fits[8] >= 32 and fits[4] >= 64 and fits[1] >= 128
     assert fits[16] < 32 and fits[8] < 64 and fits[4] < 128, "the cells left out really do not fit"
+
+
+# ------------------------------------------------------------------------------------------ 6. the `ard` reference
+
+ARD = r'''
+import json, os, runpy, sys
+os.environ["TRITON_INTERPRET"] = "1"; os.environ["DDTREE_HYBRID_IMPL"] = "triton"; os.environ["E2E_GDN_DECODE"] = "tree"
+from types import SimpleNamespace as NS
+sys.path.append(sys.argv[3])  # the repository root, as bench/e2e/driver.py's config_env puts it for the hook
+runpy.run_path(sys.argv[1])  # bench/e2e/gdn_unpacked_decode/sitecustomize.py: its import hook, before SGLang loads
+H = runpy.run_path(sys.argv[2], run_name="harness")  # tests/gpu/test_hybrid_v2_kernels_gpu.py: Pool, Layer set-up
+import torch
+B = H["base"]()
+hooked = B.GDN.forward_decode.__module__ != B.GDN.forward_extend.__module__
+shapes, dtype, dev = H["CPU"], torch.float32, "cpu"
+batch, n1 = 3, 5
+hv, vd, kd, hk = shapes["num_v_heads"], shapes["head_v_dim"], shapes["head_k_dim"], shapes["num_k_heads"]
+dim = 2 * hk * kd + hv * vd
+slots = 2 * batch + 4
+gen = torch.Generator().manual_seed(5)
+
+
+def backend(budget):
+    pool = H["Pool"](B, layers=1, slots=slots, rows=batch + 1, n1=budget + 1, shapes=shapes, device=dev, dtype=dtype)
+    pool.layer_index = {7: 0}
+    args = NS(speculative_eagle_topk=None, enable_unified_memory=False, speculative_ddtree_budget=budget,
+              speculative_num_draft_tokens=budget + 1)
+    runner = NS(device=dev, server_args=args, is_draft_worker=False, req_to_token_pool=pool, token_to_kv_pool=None)
+    gdn = object.__new__(B.GDN)
+    B.Base.__init__(gdn, runner)
+    gdn.verify_intermediate_state_indices = torch.arange(batch + 1, dtype=torch.int32)
+    gdn.ddtree = B.hybrid.TreeVerify.attach(gdn, runner)
+    return gdn, pool
+
+
+req_pool = torch.randperm(slots, generator=gen)[:batch]
+x = (torch.randn(batch, n1, dim, generator=gen) * 0.7).to(dtype)
+a = torch.randn(batch, n1, hv, generator=gen).to(dtype)
+bb = torch.randn(batch, n1, hv, generator=gen).to(dtype)
+layer = B.Layer(layer_id=7, num_q_heads=hk, num_k_heads=hk, num_v_heads=hv, head_q_dim=kd, head_k_dim=kd,
+                head_v_dim=vd, conv_weights=(torch.randn(dim, shapes["conv_kernel"], generator=gen) * 0.4).to(dtype),
+                bias=None, activation="silu", A_log=torch.randn(hv, generator=gen),
+                dt_bias=(torch.randn(hv, generator=gen) * 0.5).to(dtype))
+
+
+def fb(mode, bs, spec=None):
+    return NS(batch_size=bs, req_pool_indices=req_pool.clone(), forward_mode=mode, spec_info=spec, seq_lens_cpu=None,
+              num_padding=0, mamba_track_indices=None, mamba_track_mask=None, _original_batch_size=None,
+              input_ids=torch.zeros(bs * n1 if spec is not None else bs, dtype=torch.int64))
+
+
+# DDTree: one verify of a chain of n1 nodes (the wired forward_extend), then the commit of its last node
+ver, vpool = backend(n1 - 1)
+parent = torch.tensor([[-1] + list(range(n1 - 1))] * batch, dtype=torch.int32)
+tree = NS(parent=parent, token=torch.zeros(batch, n1, dtype=torch.int64))
+spec = B.VerifyInput(draft_token=tree.token.reshape(-1), positions=None, draft_token_num=n1, custom_mask=None, tree=tree)
+f = fb(B.ForwardMode.TARGET_VERIFY, batch, spec)
+ver.init_forward_metadata(f)
+o_tree = ver.forward_extend(layer, f, mixed_qkv=x.reshape(batch * n1, dim), a=a.reshape(-1, hv), b=bb.reshape(-1, hv))
+slot_of = ver.forward_metadata.mamba_cache_indices[:batch].long()
+last = torch.full((batch,), n1 - 1, dtype=torch.long)
+B.rt.commit_tree_states_layers(vpool.temporal, vpool.conv[0], vpool.inter_ssm, vpool.inter_conv[0], last,
+                               slot_of.to(torch.int32), impl="triton")
+
+# `ard`: n1 plain decode steps through the hooked forward_decode, from the same starting pool
+dec, dpool = backend(n1 - 1)
+start = backend(n1 - 1)[1].temporal  # the pools are seeded alike: the state both runs started from
+fd = fb(B.ForwardMode.DECODE, batch)
+dec.init_forward_metadata(fd)
+assert torch.equal(dec.forward_metadata.mamba_cache_indices[:batch].long(), slot_of)
+steps = [dec.forward_decode(layer, fd, mixed_qkv=x[:, i].contiguous(), a=a[:, i].contiguous(), b=bb[:, i].contiguous())
+         for i in range(n1)]
+o_dec = torch.cat(steps, 1)  # [1, batch * n1 in step-major order, hv, vd]
+o_dec = o_dec.view(n1, batch, hv, vd).transpose(0, 1).reshape(1, batch * n1, hv, vd)
+print("RESULT" + json.dumps({
+    "hooked": hooked,
+    "outputs_equal": bool(torch.equal(o_dec, o_tree)),
+    "ssm_equal": bool(torch.equal(dpool.temporal, vpool.temporal)),
+    "conv_equal": bool(torch.equal(dpool.conv[0], vpool.conv[0])),
+    "moved": bool(not torch.equal(dpool.temporal[0, slot_of], start[0, slot_of])),
+}))
+'''
+
+
+def test_ard_plain_decode_is_bit_identical_to_ddtree_verify(v2_trees, tmp_path: Path):
+    """`ard` (bench/e2e: plain decoding with DDTree's GDN math, the bit-exact reference for DDTree's greedy output on
+    hybrids, issue #15): n plain decode steps through the hooked ``GDNAttnBackend.forward_decode`` give the same GDN
+    outputs and committed SSM state / conv window, bit for bit, as DDTree's wired verify of the n-node chain and
+    its commit (real patched 0.5.17 classes; Triton interpreted)."""
+    hook = REPO / "bench" / "e2e" / "gdn_unpacked_decode" / "sitecustomize.py"
+    res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), str(REPO), timeout=900))
+    assert res == {"hooked": True, "outputs_equal": True, "ssm_equal": True, "conv_equal": True, "moved": True}, res

@@ -77,7 +77,9 @@ def tree_causal_conv1d_triton(x, parent, conv_state, cache_slot, weight, bias=No
         raise ValueError(f"node_conv must be [{batch}, {n1}, {dim}, {w}]")
     parent = parent if parent.stride(1) == 1 else parent.contiguous()
     y = torch.empty(batch, n1, dim, dtype=x.dtype, device=x.device)
-    bd = min(triton.next_power_of_2(dim), 256)
+    # on the GPU 256 channels a program; the CPU interpreter runs programs one after another at a cost per
+    # operation, not per element, so there one block covers D (the same kernel, a third of the programs at Qwen3.6)
+    bd = min(triton.next_power_of_2(dim), 256) if x.is_cuda else triton.next_power_of_2(dim)
     grid = (batch * n1, triton.cdiv(dim, bd))
     _tree_conv_kernel[grid](
         x, parent, cache_slot, conv_state, weight, bias if bias is not None else weight, y, node_conv,

@@ -110,7 +110,6 @@ class TreeVerify:
     def forward(self, backend: Any, layer: Any, forward_batch: Any, mixed_qkv: torch.Tensor, a: torch.Tensor,
                 b: torch.Tensor) -> torch.Tensor:
         """One GDN layer's TARGET_VERIFY: tree conv1d, gating, tree gated delta rule; output [1, T, HV, V]."""
-        rt = _rt()
         impl = _impl()
         n1 = self.n1
         tokens = mixed_qkv.shape[0]
@@ -122,19 +121,31 @@ class TreeVerify:
             raise RuntimeError(f"DDTree hybrid verify: batch {batch} exceeds the {node_ssm_all.shape[0]} rows of "
                                "per-node state scratch")
         slots = backend.forward_metadata.mamba_cache_indices[:batch]
-        parent = self.parent[:batch]
-        x = mixed_qkv.view(batch, n1, -1)
-        y, _ = rt.tree_causal_conv1d(x, parent, cache.conv[0], slots, layer.conv_weights, layer.bias,
-                                     layer.activation, node_conv=node_conv_all[:batch], impl=impl)
-        q_end, k_end = layer.q_dim, layer.q_dim + layer.k_dim
-        q = y[..., :q_end].unflatten(-1, (layer.num_q_heads, layer.head_q_dim))
-        k = y[..., q_end:k_end].unflatten(-1, (layer.num_k_heads, layer.head_k_dim))
-        v = y[..., k_end:].unflatten(-1, (layer.num_v_heads, layer.head_v_dim))
-        g, beta = gdn_gating(layer.A_log, a, b, layer.dt_bias)
-        o, _ = rt.tree_gated_delta_rule(q, k, v, g.view(batch, n1, -1), beta.view(batch, n1, -1), parent,
-                                        cache.temporal, slots, scale=layer.head_k_dim ** -0.5, use_qk_l2norm=True,
-                                        node_ssm=node_ssm_all[:batch], impl=impl)
+        o = tree_layer(layer, mixed_qkv.view(batch, n1, -1), a, b, self.parent[:batch], cache.conv[0], cache.temporal,
+                       slots, node_conv=node_conv_all[:batch], node_ssm=node_ssm_all[:batch], impl=impl)
         return o.view(1, tokens, layer.num_v_heads, layer.head_v_dim)
+
+
+def tree_layer(layer: Any, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, parent: torch.Tensor,
+               conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor, *,
+               node_conv: Optional[torch.Tensor] = None, node_ssm: Optional[torch.Tensor] = None,
+               impl: str = "auto") -> torch.Tensor:
+    """One GDN layer over trees ``x`` [B, N1, conv dim] from the committed states at ``slots``: tree conv1d, gating,
+    tree gated delta rule; every node's window / state into ``node_conv`` / ``node_ssm``; output [B, N1, HV, V].
+    The verify's math, in one place (bench/e2e's plain-decoding reference runs it as 1-node trees)."""
+    rt = _rt()
+    batch, n1 = x.shape[:2]
+    y, _ = rt.tree_causal_conv1d(x, parent, conv_state, slots, layer.conv_weights, layer.bias, layer.activation,
+                                 node_conv=node_conv, impl=impl)
+    q_end, k_end = layer.q_dim, layer.q_dim + layer.k_dim
+    q = y[..., :q_end].unflatten(-1, (layer.num_q_heads, layer.head_q_dim))
+    k = y[..., q_end:k_end].unflatten(-1, (layer.num_k_heads, layer.head_k_dim))
+    v = y[..., k_end:].unflatten(-1, (layer.num_v_heads, layer.head_v_dim))
+    g, beta = gdn_gating(layer.A_log, a, b, layer.dt_bias)
+    o, _ = rt.tree_gated_delta_rule(q, k, v, g.view(batch, n1, -1), beta.view(batch, n1, -1), parent, ssm_state,
+                                    slots, scale=layer.head_k_dim ** -0.5, use_qk_l2norm=True, node_ssm=node_ssm,
+                                    impl=impl)
+    return o
 
 
 def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor,  # noqa: N803
