@@ -22,7 +22,7 @@ if [ "$SERVER" = refengine ]; then
   CMD='{python} -m ddtree_refengine --host {host} --port {port} {ddtree_flags}'
   FLAGS='--speculative-algorithm DFLASH --speculative-ddtree-budget 15'
 else
-  python3 "$B/mk_models.py" /tmp/models > "$W/models.log" 2>&1 && python3 bench/e2e/mk_agree.py /tmp/models /tmp/models >> "$W/models.log" 2>&1 || { tail "$W/models.log"; exit 2; }
+  python3 "$B/mk_models.py" /tmp/models > "$W/models.log" 2>&1 && python3 -m bench.e2e.models.mk_agree /tmp/models /tmp/models >> "$W/models.log" 2>&1 || { tail "$W/models.log"; exit 2; }
   CMD='{python} -m sglang.launch_server --model-path /tmp/models/agree-qwen3 --attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.25 --mm-feature-transport cpu --cuda-graph-max-bs-decode 8 --host {host} --port {port} {ddtree_flags}'
   FLAGS='--speculative-algorithm DFLASH --speculative-draft-model-path /tmp/models/agree-dflash --speculative-draft-attention-backend triton --speculative-ddtree-budget 15'
 fi

@@ -1,10 +1,10 @@
 """Temperature > 0 losslessness: test the output law of AR / DFlash chain / DDTree against the target's exact law.
 
-Usage: python bench/e2e/chisq.py RAW_DIR_OR_TGZ [AGREE_TARGET_DIR] OUT_JSON
+Usage: python -m bench.e2e.chisq RAW_DIR_OR_TGZ [AGREE_TARGET_DIR] OUT_JSON
   Without AGREE_TARGET_DIR the weights come from the raw folder's models/agree-qwen3 (gpu_run.sh puts the served
-  files there since call 4); older tarballs need the folder rebuilt with mk_models.py + mk_agree.py.
+  files there since call 4); older tarballs need the folder rebuilt with mk_models.py + models/mk_agree.py.
 
-The agree target (bench/e2e/mk_agree.py) is exactly first order: o_proj and down_proj are zero, so the logits at
+The agree target (bench/e2e/models/mk_agree.py) is exactly first order: o_proj and down_proj are zero, so the logits at
 every step are W_lm . rmsnorm(E[previous token]) and the next-token law p(. | prev) is known in closed form from the
 weights. For every generated token of the `sample-T` workload (16 requests per prompt seed, E2E_SAMPLE_REPS seeds, at
 T=2.5, prompts rebuilt from their seeds) we add p(. | prev) into expected counts over 6 categories: the cycle successor of prev, another
@@ -20,29 +20,12 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from scipy.stats import chi2, chi2_contingency
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_driver import prompts  # noqa: E402
-from e2e_files import load_results, open_raw  # noqa: E402
+from bench.e2e.e2e_files import load_results, open_raw
+from bench.e2e.workloads import CYCLE, NEXT, prompts, target_law
 
-CYCLE = [100, 101, 102, 103]
-NEXT = {CYCLE[i]: CYCLE[(i + 1) % 4] for i in range(4)}
-
-
-def target_law(model_dir: Path, temperature: float) -> torch.Tensor:
-    """p[prev, next] of the first-order agree target (weights as served, bf16, computed in fp32)."""
-    sd = load_file(str(model_dir / "model.safetensors"))
-    cfg = json.loads((model_dir / "config.json").read_text())
-    E = sd["model.embed_tokens.weight"].float()
-    W = sd["lm_head.weight"].float()
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    g = sd["model.norm.weight"].float()
-    h = E * torch.rsqrt(E.pow(2).mean(-1, keepdim=True) + eps) * g
-    h = h.to(torch.bfloat16).float()  # the served model keeps hidden states in bf16
-    logits = (h @ W.T).to(torch.bfloat16).float()
-    return torch.softmax(logits / temperature, dim=-1)
+__all__ = ["analyse", "category", "target_law"]
 
 
 def category(prev: int, tok: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """A CPU stand-in for `sglang.Engine`, so that gpu_run.sh and the e2e driver's whole flow run without a GPU.
 
-E2E_DRY_RUN=1 makes `e2e_driver.py run` use it. It checks the plumbing (orchestration, deadlines, report, tarballs,
-round_share.py, chisq.py, post_call4.py), not SGLang: its outputs are what a lossless engine would give.
+E2E_DRY_RUN=1 makes `python -m bench.e2e.driver run` use it. It checks the plumbing (orchestration, deadlines, report,
+tarballs, round_share, chisq, report), not SGLang: its outputs are what a lossless engine would give.
 - greedy: agree models follow the target's cycle (any token -> C0 -> C1 -> ...), other models a fixed function of
   the prompt; the same for AR, chain and DDTree, so the report sees them identical.
-- T > 0 on agree models: tokens drawn from the target's exact law (chisq.target_law), so the goodness-of-fit
+- T > 0 on agree models: tokens drawn from the target's exact law (workloads.target_law), so the goodness-of-fit
   p-values of a dry run are uniform.
 - meta: spec_verify_ct / spec_accepted_drafts from a nominal tokens-per-round (1 for AR).
 - start_profile / stop_profile: a small chrome trace with the frames, launches and kernels of a DDTree round.
@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-CYCLE = [100, 101, 102, 103]
-NEXT = {CYCLE[i]: CYCLE[(i + 1) % 4] for i in range(4)}
+from bench.e2e.workloads import CYCLE, NEXT, target_law
 
 
 class _DecodeMode:
@@ -87,8 +86,6 @@ class DryEngine:
 
     def _sample(self, ps: list[list[int]], n: int, temperature: float) -> list[list[int]]:
         if temperature not in self._law:
-            from chisq import target_law
-
             self._law[temperature] = target_law(self.model_dir, temperature)
         law = self._law[temperature]
         prev = torch.tensor([p[-1] for p in ps])

@@ -1,6 +1,6 @@
 """Expected DDTree / chain acceptance on the agree models, computed from the runtime alone (no SGLang).
 
-Usage: python bench/e2e/expected_acceptance.py RUNTIME_PARENT_DIR OUT_JSON [MAX_NEW]
+Usage: python -m bench.e2e.expected_acceptance RUNTIME_PARENT_DIR OUT_JSON [MAX_NEW]
 RUNTIME_PARENT_DIR holds sglang/srt/speculative/ddtree (an overlay, e.g. .e2e/overlay). The agree drafter gives the
 same log-probs at every depth (C1 -0.50, C2 -1.44, C3 -2.37, C0 -3.30, the rest -9.8; block size 8, so 7 depths) and
 the agree target walks the cycle C0->C1->C2->C3 deterministically. This replays greedy decoding round by round
@@ -15,18 +15,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, sys.argv[1])
-from sglang.srt.speculative import ddtree as rt  # noqa: E402
+from bench.e2e.workloads import CYCLE, NEXT
+from ddtree_deploy.refengine.runtime_loader import load_runtime
 
-CYCLE = [100, 101, 102, 103]
-NEXT = {CYCLE[i]: CYCLE[(i + 1) % 4] for i in range(4)}
 L = 7
 TOK = torch.tensor([101, 102, 103, 100] + list(range(200, 260)))
 LP = torch.tensor([-0.5, -1.44, -2.37, -3.3] + [-9.8] * 60)
 
 
-def run(budget: int | None, max_new: int) -> dict:
-    """budget None = the DFlash chain (top-1 at every depth)."""
+def run(rt, budget: int | None, max_new: int) -> dict:
+    """One greedy decode with the runtime ``rt``; budget None = the DFlash chain (top-1 at every depth)."""
     k = 1 if budget is None else min(budget, len(TOK))
     b = L if budget is None else budget
     lp, tok = LP[:k].expand(1, L, k).contiguous(), TOK[:k].expand(1, L, k).contiguous()
@@ -49,9 +47,11 @@ def run(budget: int | None, max_new: int) -> dict:
 
 def main() -> int:
     max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 48
-    out = {"chain": run(None, max_new)}
+    # the overlay's vendored runtime (sglang/srt/speculative/ddtree under RUNTIME_PARENT_DIR), loaded by path
+    rt = load_runtime(Path(sys.argv[1]) / "sglang" / "srt" / "speculative" / "ddtree")
+    out = {"chain": run(rt, None, max_new)}
     for b in (1, 4, 15, 32, 64):
-        out[f"ddtree-b{b}"] = run(b, max_new)
+        out[f"ddtree-b{b}"] = run(rt, b, max_new)
     Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
     for n, r in out.items():
         print(n, r)

@@ -1,6 +1,6 @@
 """Share of a hybrid target's decode round spent in the GatedDeltaNet verify, from SGLang's torch-profiler traces.
 
-Usage: python bench/e2e/gdn_share.py RAW_DIR_OR_TGZ OUT_JSON
+Usage: python -m bench.e2e.gdn_share RAW_DIR_OR_TGZ OUT_JSON
   RAW_DIR_OR_TGZ: the e2e driver's results (or gpu_run.sh's TAG-raw.tgz) with prof/NAME-bsN/*.trace.json.gz from `-prof`
   configurations and NAME.json beside them.
 
@@ -21,8 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import open_raw  # noqa: E402
+from bench.e2e.e2e_files import open_raw
 
 GROUPS = {
     "gdn_verify": ("_tree_conv_kernel", "_tree_gdn_kernel", "fused_gdn_gating_kernel", "_causal_conv1d_update_kernel",

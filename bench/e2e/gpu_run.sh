@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the GPU host: install the offline SGLang bundle, lay the DDTree overlay over a copy of it, make the
 # models the configurations need, run the e2e configurations and write the report + logs under $OUT.
-# Usage (repo root; the overlay is the product's: `ddtree-deploy patchset build ddtree --base sglang==BASE --out DIR`;
+# Usage (repo root: the harness runs as `python3 -m bench.e2e.*` from there; the overlay is the product's: `ddtree-deploy patchset build ddtree --base sglang==BASE --out DIR`;
 # E2E_BASE=0.5.11 (default): bundle in .e2e/, overlay in .e2e/overlay/; E2E_BASE=0.5.17: bundle in
 # .e2e17/, overlay in .e2e17/overlay/ made by `ddtree-deploy patchset build ddtree --base sglang==0.5.17 --out ...`):
 #   bash bench/e2e/gpu_run.sh TAG PARALLEL_CONFIGS [SEQUENTIAL_CONFIGS]
@@ -13,10 +13,10 @@
 # is killed (its JSON may hold a checkpoint).
 # $OUT: setup.log (install + model making), orchestrate-TAG.log (ends with the setup/phase/total times), TAG.json,
 # TAG.md, TAG-raw.tgz (results, logs, the agree target's weights), and for `-prof` configurations
-# TAG-round-share.json (bench/e2e/round_share.py), TAG-gdn-share.json (bench/e2e/gdn_share.py: the GatedDeltaNet
-# verify's share of the round) and TAG-prof.tgz (the traces, if under 15 MB).
+# TAG-round-share.json (python -m bench.e2e.round_share), TAG-gdn-share.json (python -m bench.e2e.gdn_share: the
+# GatedDeltaNet verify's share of the round) and TAG-prof.tgz (the traces, if under 15 MB).
 # E2E_GPUS=0,1,2,3: spread the configurations over these GPUs (dummy-weight model sets one per GPU on all but the first,
-# the others on the first; e2e_driver.py gpu_slot).
+# the others on the first; bench/e2e/driver.py gpu_slot).
 set -u
 TAG=$1; CONFIGS=$2; SEQ=${3:-}
 export E2E_BASE=${E2E_BASE:-0.5.11}
@@ -26,7 +26,7 @@ T0=$(date +%s)
 BUDGET=${E2E_BUDGET:-525}
 elapsed() { echo $(( $(date +%s) - T0 )); }
 needs() { echo ",$CONFIGS,$SEQ," | grep -q ",$1-"; }  # does any configuration use model set $1?
-DRY=${E2E_DRY_RUN:-0}  # 1: CPU dry run (no install; bench/e2e/dry_engine.py stands in for sglang.Engine)
+DRY=${E2E_DRY_RUN:-0}  # 1: CPU dry run (no install; bench.e2e.dry_engine stands in for sglang.Engine)
 if [ "$DRY" = 1 ]; then
   echo "dry run: no install, CPU stand-in engines" > "$OUT/setup.log"; export PYTHONUNBUFFERED=1 E2E_DRY_RUN=1
 else
@@ -40,18 +40,18 @@ fi
 # missing (idempotent on a warm machine). tiny-qwen3 is the tokenizer base of all of them.
 (
   set -e
-  [ -d /tmp/models/agree-qwen3 ] || { python3 "$B/mk_models.py" /tmp/models; python3 bench/e2e/mk_agree.py /tmp/models /tmp/models; }
-  if needs big; then python3 bench/e2e/mk_big.py /tmp/models /tmp/models; fi
-  if { needs q8b || needs q36; } && [ ! -d /tmp/models/q36-target ]; then python3 bench/e2e/mk_shapes.py /tmp/models /tmp/models; fi
-  if needs prof && [ ! -d /tmp/models/prof-target ]; then python3 bench/e2e/mk_profile.py /tmp/models /tmp/models; fi
+  [ -d /tmp/models/agree-qwen3 ] || { python3 "$B/mk_models.py" /tmp/models; python3 -m bench.e2e.models.mk_agree /tmp/models /tmp/models; }
+  if needs big; then python3 -m bench.e2e.models.mk_big /tmp/models /tmp/models; fi
+  if { needs q8b || needs q36; } && [ ! -d /tmp/models/q36-target ]; then python3 -m bench.e2e.models.mk_shapes /tmp/models /tmp/models; fi
+  if needs prof && [ ! -d /tmp/models/prof-target ]; then python3 -m bench.e2e.models.mk_profile /tmp/models /tmp/models; fi
   if needs hyb && [ ! -d /tmp/models/tiny-next ]; then python3 "$B/mk_hybrid.py" /tmp/models /tmp/models; fi
-  if needs hyblive && [ ! -d /tmp/models/live-next ]; then python3 bench/e2e/mk_hybrid_live.py /tmp/models /tmp/models; fi
+  if needs hyblive && [ ! -d /tmp/models/live-next ]; then python3 -m bench.e2e.models.mk_hybrid_live /tmp/models /tmp/models; fi
 ) >> "$OUT/setup.log" 2>&1 &
 MK=$!
 if [ "$DRY" != 1 ]; then
 if [ "$E2E_BASE" = 0.5.11 ]; then GLUE=sglang.srt.speculative.ddtree_verify; else GLUE=sglang.srt.speculative.ddtree_v2.round; fi
 python3 -c "import torch, sglang, sglang.srt.speculative.ddtree as rt, $GLUE as dv; print('torch', torch.__version__, 'sglang', sglang.__version__, sglang.__file__, 'runtime', rt.__version__)" 2>&1 | tail -3
-python3 bench/e2e/expected_acceptance.py /tmp/overlay "$OUT/expected-acceptance.json" > /dev/null 2>&1 || echo "expected_acceptance failed"
+python3 -m bench.e2e.expected_acceptance /tmp/overlay "$OUT/expected-acceptance.json" > /dev/null 2>&1 || echo "expected_acceptance failed"
 # Byte-compile the whole overlay and bundle once (seconds on all cores) instead of in every Engine process at once.
 python3 -m compileall -q -j 0 /tmp/overlay/sglang /tmp/site >/dev/null 2>&1; python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang/srt/server_args.py >/dev/null || echo "compileall failed"
 fi
@@ -81,26 +81,26 @@ if [ -n "$CONFIGS" ]; then
   DL=${E2E_DEADLINE:-420}; LEFT=$(( BUDGET - $(elapsed) - 15 ))
   [ -n "$SEQ" ] && LEFT=$(( LEFT - ${E2E_SEQ_RESERVE:-240} ))
   [ $LEFT -lt $DL ] && DL=$LEFT
-  E2E_DEADLINE=$DL python3 bench/e2e/e2e_driver.py orchestrate $R "$CONFIGS" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
+  E2E_DEADLINE=$DL python3 -m bench.e2e.driver orchestrate $R "$CONFIGS" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
   echo "parallel phase done at $(elapsed)s (deadline ${DL}s)" | tee -a "$OUT/orchestrate-$TAG.log"
 fi
 if [ -n "$SEQ" ]; then
   DL=${E2E_SEQ_DEADLINE:-330}; LEFT=$(( BUDGET - $(elapsed) - 15 ))
   [ $LEFT -lt $DL ] && DL=$LEFT
   # Several may start at once (E2E_SEQ_WORKERS): their timed parts still run one at a time (the driver's speed lock).
-  E2E_WORKERS=${E2E_SEQ_WORKERS:-1} E2E_DEADLINE=$DL python3 bench/e2e/e2e_driver.py orchestrate $R "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
+  E2E_WORKERS=${E2E_SEQ_WORKERS:-1} E2E_DEADLINE=$DL python3 -m bench.e2e.driver orchestrate $R "$SEQ" 2>&1 | tee -a "$OUT/orchestrate-$TAG.log"
   echo "sequential phase done at $(elapsed)s (deadline ${DL}s)" | tee -a "$OUT/orchestrate-$TAG.log"
 fi
 if [ -n "$KC" ]; then wait $KC; echo "kernel check rc=$? at $(elapsed)s: $(tail -1 "$OUT/hybrid_v2_kernels.log" 2>/dev/null)" | tee -a "$OUT/orchestrate-$TAG.log"; fi
-python3 bench/e2e/e2e_driver.py report $R "$OUT/$TAG" > /dev/null
+python3 -m bench.e2e.driver report $R "$OUT/$TAG" > /dev/null
 cat "$OUT/$TAG.md"
 mkdir -p $R/models && for m in agree-qwen3 big-qwen3 prof-target; do  # small files that let the post-processing use the served weights
   [ -d /tmp/models/$m ] || continue; mkdir -p $R/models/$m; cp /tmp/models/$m/*.json $R/models/$m/ 2>/dev/null
   [ $m = agree-qwen3 ] && cp /tmp/models/$m/model.safetensors $R/models/$m/
 done
 if [ -d $R/prof ]; then
-  python3 bench/e2e/round_share.py $R "$OUT/$TAG-round-share.json" || echo "round_share failed"
-  python3 bench/e2e/gdn_share.py $R "$OUT/$TAG-gdn-share.json" || echo "gdn_share failed"
+  python3 -m bench.e2e.round_share $R "$OUT/$TAG-round-share.json" || echo "round_share failed"
+  python3 -m bench.e2e.gdn_share $R "$OUT/$TAG-gdn-share.json" || echo "gdn_share failed"
   tar cf "$OUT/$TAG-prof.tgz" -C $R prof
   [ $(stat -c %s "$OUT/$TAG-prof.tgz") -le 15000000 ] || { echo "traces too large to return: $(du -sh $R/prof)"; rm -f "$OUT/$TAG-prof.tgz"; }
 fi

@@ -3,7 +3,7 @@
 # command per part, each within gpu_run.sh's time budget:
 #   kernels   tests/gpu/test_hybrid_v2_kernels_gpu.py: the wired verify + commit at Qwen3.6-27B's GDN shapes, budgets
 #             1/16/64/256, batch up to 16, against float64 per-path recurrences (runs beside the configurations)
-#   lossless  the hyblive models (bench/e2e/mk_hybrid_live.py): DDTree b4/b16/b64 vs the stock V2 chain vs plain
+#   lossless  the hyblive models (bench/e2e/models/mk_hybrid_live.py): DDTree b4/b16/b64 vs the stock V2 chain vs plain
 #             decoding (and plain decoding with the chain verify kernel's math, `arv`, and with DDTree's tree
 #             kernels' math, `ard`, in part `ard`), greedy batches 1/4/16, eager and CUDA graphs, radix cache on with
 #             the extra_buffer mamba strategy
@@ -19,7 +19,7 @@
 #   bash bench/e2e/hybrid17.sh TAG ard        # one GPU: hyblive-ard vs DDTree b4/b16 (eager)
 #   bash bench/e2e/hybrid17.sh TAG q36a       # one GPU: chain, b16, b32 at the 27B shape
 #   bash bench/e2e/hybrid17.sh TAG q36b       # one GPU: b64, b128 at the 27B shape
-# then: python bench/e2e/post_hybrid17.py bench/results/hybrid-0.5.17-h200 $OUT/*-raw.tgz
+# then: python -m bench.e2e.report hybrid17 bench/results/hybrid-0.5.17-h200 $OUT/*-raw.tgz
 # E2E_DRY_RUN=1 runs the flow on CPU with stand-in engines (gpu_run.sh); E2E_DRY_SGLANG=PYTHONPATH (a patched tree and its
 # CPU dependencies, as tests/sglang_v2/v2_helpers.run_python lays them out) adds the kernel check
 # CPU smoke against a patched tree.

@@ -1,6 +1,6 @@
 """Share of a DDTree round spent in the DDTree steps, from SGLang's own torch-profiler traces (in situ, real server).
 
-Usage: python bench/e2e/round_share.py RAW_DIR_OR_TGZ OUT_JSON
+Usage: python -m bench.e2e.round_share RAW_DIR_OR_TGZ OUT_JSON
   RAW_DIR_OR_TGZ: the e2e driver's result folder (or its tarball) with prof/NAME-bsN/*.trace.json.gz from a `-prof`
   configuration and NAME.json beside it (for the un-profiled round time of the same engine's speed runs).
 
@@ -27,8 +27,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import open_raw  # noqa: E402
+from bench.e2e.e2e_files import open_raw
 
 # (category, test on (file, function)); the first match from the innermost frame outwards wins.
 RULES: list[tuple[str, object]] = [

@@ -1,11 +1,11 @@
 """Launches and host microseconds per decode round, from what bench/e2e/round_stats_hook/sitecustomize.py wrote.
 
-Usage: python bench/e2e/round_stats.py DIR [DIR ...]   (one DIR per configuration, e.g. RES/round-stats/NAME;
+Usage: python -m bench.e2e.round_stats DIR [DIR ...]   (one DIR per configuration, e.g. RES/round-stats/NAME;
        prints one table; --json prints the summaries instead)
 
 Per batch size: rounds seen, host µs per round (median and 10th / 90th percentile of the unprofiled rounds after the
 warm-up), and the medians over the profiled rounds of CUDA kernel launches, graph launches, memcpy / memset calls
-and GPU kernels run (graph kernels included). e2e_driver.py calls :func:`summarize` for `-launch` configurations and
+and GPU kernels run (graph kernels included). driver.py calls :func:`summarize` for `-launch` configurations and
 puts the result in the configuration's JSON and the report.
 """
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Explain greedy divergences: the logit gap at the first divergent token, recomputed off the GPU in float32/64.
 
-Usage: python bench/e2e/tie_gaps.py RAW_DIR_OR_TGZ MODELS_DIR OUT_JSON [--set rand|hyblive]
+Usage: python -m bench.e2e.tie_gaps RAW_DIR_OR_TGZ MODELS_DIR OUT_JSON [--set rand|hyblive]
 For every configuration of the set and workload where the output differs from the set's reference, recompute (HF
 transformers, same weights as served) the target's logits at the first divergent position, given the reference's
 prefix, and report the top-3 logits and the gap between the reference token and the speculative token. A gap of the
 order of one bf16 ulp at that magnitude (~2e-3 near 0.4) is a numerical near-tie between two kernels, not a verify bug.
 
 `--set rand` (default): the random tiny Qwen3 pair, reference `rand-ar`, float32.
-`--set hyblive` (issue #15): the hybrid GatedDeltaNet target of mk_hybrid_live.py (MODELS_DIR/live-next; the script
+`--set hyblive` (issue #15): the hybrid GatedDeltaNet target of models/mk_hybrid_live.py (MODELS_DIR/live-next; the script
 is deterministic, so it can be remade off the GPU), reference the stock V2 chain `hyblive-chain`, float64. It also
 writes, per configuration, every position where the configuration's own output (teacher-forced) is not the float64
 argmax and the gap there (`self_misses`): a state defect (a wrong slot, a stale or foreign state) gives misses at
@@ -24,9 +24,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_driver import prompts  # noqa: E402
-from e2e_files import load_results  # noqa: E402
+from bench.e2e.e2e_files import load_results
+from bench.e2e.workloads import prompts
 
 #: set -> (result glob, reference configuration, model folder under MODELS_DIR, dtype)
 SETS = {"rand": ("rand-*.json", "rand-ar", "tiny-qwen3", torch.float32),

@@ -1,4 +1,4 @@
-"""bench/e2e/chisq.py: the T > 0 goodness-of-fit test accepts tokens drawn from the agree target's law and rejects a
+"""bench.e2e.chisq: the T > 0 goodness-of-fit test accepts tokens drawn from the agree target's law and rejects a
 verify that over-accepts the drafter's favourite (the failure it exists to catch). Deterministic (seeded draws)."""
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("scipy")
+from bench.e2e import chisq
+from bench.e2e.workloads import prompts
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench" / "e2e"))
-import chisq  # noqa: E402
-from e2e_driver import prompts  # noqa: E402
 
 SEEDS, TOKENS, T = list(range(500, 508)), 64, 2.5
 
@@ -28,14 +26,14 @@ def agree_dir(tmp_path_factory) -> Path:
     if mk.exists():
         subprocess.run([sys.executable, str(mk), str(out)], check=True, capture_output=True)
     else:
-        # Without shared/gpu-e2e (a bare CI checkout): mk_agree.py needs from mk_models.py's output only the
+        # Without shared/gpu-e2e (a bare CI checkout): mk_agree needs from mk_models.py's output only the
         # drafter's mask token id (3, the fourth special token there) and a tokenizer folder to copy (may be empty);
         # the target's weights, hence the law, do not depend on the tokenizer.
         (out / "tiny-qwen3").mkdir()
         (out / "tiny-dflash").mkdir()
         (out / "tiny-dflash" / "config.json").write_text('{"dflash_config": {"mask_token_id": 3}}')
-    subprocess.run([sys.executable, str(ROOT / "bench" / "e2e" / "mk_agree.py"), str(out), str(out)], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_agree", str(out), str(out)], check=True,
+                   capture_output=True, cwd=ROOT)
     return out / "agree-qwen3"
 
 

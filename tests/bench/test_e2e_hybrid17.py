@@ -1,5 +1,5 @@
-"""The 0.5.17 hybrid GPU proof's plumbing on CPU (bench/e2e: e2e_driver.py, dry_engine.py, gdn_share.py,
-post_hybrid17.py): the engine arguments of its configurations, the GPU assignment, and the report from dry-run
+"""The 0.5.17 hybrid GPU proof's plumbing on CPU (bench/e2e: driver.py, dry_engine.py, gdn_share.py,
+report.py hybrid17): the engine arguments of its configurations, the GPU assignment, and the report from dry-run
 results (the stand-in engine's outputs and profiler traces; what the real run's numbers are is the GPU's job)."""
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-E2E = Path(__file__).resolve().parents[2] / "bench" / "e2e"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _py(code: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=E2E, capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "E2E_BASE": "0.5.17", **(env or {})})
 
 
 def test_engine_arguments_of_the_hybrid_configurations():
     code = r'''
-import json, e2e_driver as d
+import json
+from bench.e2e import driver as d
 out = {n: d.engine_kwargs(d.parse(n)) for n in ("hyblive-ddtree-b16-graph", "hyblive-ar-noradix",
                                                  "q36-ddtree-b32-graph-mrr8-prof", "q36-chain-graph-mrr16-prof")}
 out["batches"] = {n: d.speed_batches(d.parse(n)) for n in ("q36-ddtree-b128-graph-mrr1", "q36-ddtree-b32-graph-mrr8")}
@@ -42,7 +43,8 @@ print(json.dumps(out))
 
 def test_configurations_spread_over_gpus():
     code = r'''
-import json, e2e_driver as d
+import json
+from bench.e2e import driver as d
 gpus = ["0", "1", "2"]
 running = {}
 order = []
@@ -72,8 +74,8 @@ def test_report_from_dry_results(tmp_path: Path):
     env = {"E2E_DRY_RUN": "1", "E2E_SPEED_BATCHES": "1,8,16", "E2E_PROF_BATCHES": "1,8,16", "E2E_SPEED_TOKENS": "32",
            "E2E_MODELS": str(tmp_path / "models")}
     for n in names:
-        r = subprocess.run([sys.executable, str(E2E / "e2e_driver.py"), "run", n, str(raw)], capture_output=True,
-                           text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17", **env})
+        r = subprocess.run([sys.executable, "-m", "bench.e2e.driver", "run", n, str(raw)], capture_output=True,
+                           cwd=ROOT, text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17", **env})
         assert r.returncode == 0, (n, r.stdout[-2000:], r.stderr[-2000:])
     (raw / "logs").mkdir()
     (raw / "logs" / "q36-ddtree-b32-graph-mrr8-prof.log").write_text(
@@ -90,8 +92,8 @@ def test_report_from_dry_results(tmp_path: Path):
                                               "accept_len_max": 4, "seconds": 2.0}]}))
     stem = tmp_path / "out" / "hybrid"
     stem.parent.mkdir()
-    r = subprocess.run([sys.executable, str(E2E / "post_hybrid17.py"), str(stem), str(raw), "--kernels", str(kernels)],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17"})
+    r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "hybrid17", str(stem), str(raw), "--kernels", str(kernels)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17"})
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(stem.with_suffix(".json").read_text())
     md = stem.with_suffix(".md").read_text()

@@ -1,4 +1,4 @@
-"""bench/e2e/round_share.py on a real torch-profiler trace (CPU) with GPU activity injected at known launches.
+"""bench.e2e.round_share on a real torch-profiler trace (CPU) with GPU activity injected at known launches.
 
 The CPU run gives the real chrome-trace format (python_function frames, cpu_op events); a fake package with the
 SGLang/DDTree file and function names runs one prefill and three decode rounds, each step calling one distinctive
@@ -13,13 +13,11 @@ import importlib
 import json
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "e2e"))
-import round_share  # noqa: E402
+from bench.e2e import round_share
 
 FILES = {
     "sglang/srt/speculative/ddtree/tree.py": "def build_tree(x):\n    return torch.cumsum(x, 0)\n",

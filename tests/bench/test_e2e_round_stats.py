@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 pytest.importorskip("torch")
-E2E = Path(__file__).resolve().parents[2] / "bench" / "e2e"
-sys.path.insert(0, str(E2E))
-import round_stats  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+E2E = ROOT / "bench" / "e2e"
+
+from bench.e2e import round_stats  # noqa: E402  (after the torch skip)
 
 WORKER = '''
 import torch
@@ -80,7 +81,7 @@ def test_hook_counts_decode_rounds_of_the_outermost_worker(tmp_path):
     env = {**os.environ, "DDTREE_ROUND_STATS": str(out), "DDTREE_ROUND_STATS_WARMUP": "2",
            "DDTREE_ROUND_STATS_PROFILED": "3",
            "PYTHONPATH": os.pathsep.join([str(E2E / "round_stats_hook"), str(tmp_path / "next"),
-                                          str(tmp_path / "site")])}
+                                          str(tmp_path / "site"), str(ROOT)])}  # as driver.config_env lays it out
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NEXT 1" in r.stdout, "the next sitecustomize on the path still runs"
@@ -117,14 +118,14 @@ def test_dry_run_carries_round_stats_and_schedule_into_the_report(tmp_path):
            "E2E_DEADLINE": "200", "E2E_DDTREE_SCHEDULE": "1:64,8:0", "PYTHONUNBUFFERED": "1"}
     env.pop("DDTREE_ROUND_STATS", None)
     names = "q8b-chain-graph-launch,q8b-ddtree-sched-graph-launch"
-    r = subprocess.run([sys.executable, str(E2E / "e2e_driver.py"), "orchestrate", str(res), names], env=env,
+    r = subprocess.run([sys.executable, "-m", "bench.e2e.driver", "orchestrate", str(res), names], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     sched = json.loads((res / "q8b-ddtree-sched-graph-launch.json").read_text())
     assert sched["ok"], sched.get("error")
     assert sched["config"]["budget"] == "1:64,8:0" and sched["config"]["round_stats"]
-    r = subprocess.run([sys.executable, str(E2E / "e2e_driver.py"), "report", str(res), str(tmp_path / "rep")],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "bench.e2e.driver", "report", str(res), str(tmp_path / "rep")],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((tmp_path / "rep.json").read_text())
     for name in names.split(","):

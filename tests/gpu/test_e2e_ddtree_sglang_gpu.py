@@ -5,7 +5,7 @@ overlay built into ``.e2e/overlay`` (``ddtree-deploy patchset build ddtree --bas
 ``bench/e2e/gpu_run.sh`` on a small set of configurations (several Engine processes in parallel, ~3 minutes on an
 H200) and checks the report: greedy output identical to autoregressive decoding for every DDTree budget and batch,
 a stop token inside the accepted path honoured, and DDTree acceptance above the DFlash chain at the same drafter and
-rising with the budget (agreeing tiny models, bench/e2e/mk_agree.py). Speed is measured by the bench, never here.
+rising with the budget (agreeing tiny models, bench/e2e/models/mk_agree.py). Speed is measured by the bench, never here.
 Run it with ``python -m pytest -m gpu tests/gpu/test_e2e_ddtree_sglang_gpu.py`` (or ``make test-gpu``).
 """
 from __future__ import annotations

@@ -374,15 +374,15 @@ print("RESULT" + json.dumps({
 
 
 def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tmp_path: Path):
-    """The e2e 27B-shape models (bench/e2e/mk_shapes.py) as SGLang 0.5.17 reads them, and the budgets the e2e
+    """The e2e 27B-shape models (bench/e2e/models/mk_shapes.py) as SGLang 0.5.17 reads them, and the budgets the e2e
     configurations pair with each max-running-requests value fitting the start-up check's arithmetic."""
     import subprocess
     import sys
 
     base = tmp_path / "base"
     (base / "tiny-qwen3").mkdir(parents=True)
-    subprocess.run([sys.executable, str(REPO / "bench/e2e/mk_shapes.py"), str(tmp_path / "m"), str(base)], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_shapes", str(tmp_path / "m"), str(base)], check=True,
+                   cwd=REPO, capture_output=True)
     got = _result(run_python(v2_trees("0.5.17"), tmp_path, Q36, str(tmp_path / "m/q36-target"),
                              str(tmp_path / "m/q36-dflash"), fake_cuda=True))
     assert got["arch"] == ["Qwen3_5ForConditionalGeneration"] and got["gdn"]
@@ -405,6 +405,7 @@ ARD = r'''
 import json, os, runpy, sys
 os.environ["TRITON_INTERPRET"] = "1"; os.environ["DDTREE_HYBRID_IMPL"] = "triton"; os.environ["E2E_GDN_DECODE"] = "tree"
 from types import SimpleNamespace as NS
+sys.path.append(sys.argv[3])  # the repository root, as bench/e2e/driver.py's config_env puts it for the hook
 runpy.run_path(sys.argv[1])  # bench/e2e/gdn_unpacked_decode/sitecustomize.py: its import hook, before SGLang loads
 H = runpy.run_path(sys.argv[2], run_name="harness")  # tests/gpu/test_hybrid_v2_kernels_gpu.py: Pool, Layer set-up
 import torch
@@ -486,5 +487,5 @@ def test_ard_plain_decode_is_bit_identical_to_ddtree_verify(v2_trees, tmp_path: 
     outputs and committed SSM state / conv window, bit for bit, as DDTree's wired verify of the n-node chain and
     its commit (real patched 0.5.17 classes; Triton interpreted)."""
     hook = REPO / "bench" / "e2e" / "gdn_unpacked_decode" / "sitecustomize.py"
-    res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), timeout=900))
+    res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), str(REPO), timeout=900))
     assert res == {"hooked": True, "outputs_equal": True, "ssm_equal": True, "conv_equal": True, "moved": True}, res

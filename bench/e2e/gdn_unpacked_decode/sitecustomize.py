@@ -16,13 +16,17 @@ DDTree's commit does; the tree kernels' result depends only on the path, not on 
 (tests/runtime/test_tree_recurrent.py::test_a_path_split_into_rounds_anywhere_gives_the_same_bits), so DDTree at
 any budget should match this plain decoding token for token.
 
-How: e2e_driver.py puts this directory first on PYTHONPATH, so every process of that Engine imports this file at
-start-up; an import hook changes the one class right after SGLang's module is executed (nothing else is touched).
+How: bench/e2e/driver.py puts this directory first on PYTHONPATH for the `arv` / `ard` algorithms (AR with a
+verify's math), so every process of that Engine imports this file at start-up; an import hook changes the one class
+right after SGLang's module is executed (nothing else is touched).
 """
-import importlib.abc
-import importlib.util
 import os
 import sys
+
+try:
+    from bench.e2e.import_hook import after_import
+except ImportError as e:  # a hook that silently did nothing would measure something else: stop the process
+    raise SystemExit(f"bench/e2e/gdn_unpacked_decode: {e}: the repository root must be on PYTHONPATH") from e
 
 _MODE = os.environ.get("E2E_GDN_DECODE", "verify")
 
@@ -69,29 +73,4 @@ _HOOKS = {"verify": ("sglang.srt.layers.attention.linear.kernels.gdn_triton", _u
 if _MODE not in _HOOKS:
     raise SystemExit(f"E2E_GDN_DECODE must be one of {sorted(_HOOKS)}, got {_MODE!r}")
 _TARGET, _ON_EXEC = _HOOKS[_MODE]
-
-
-class _Flip(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name != _TARGET:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None:
-            return None
-        self._inner = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        _ON_EXEC(module)
-
-
-sys.meta_path.insert(0, _Flip())
+after_import(_TARGET, _ON_EXEC)

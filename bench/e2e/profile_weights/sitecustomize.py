@@ -1,9 +1,9 @@
 """Benchmark-only start-up hook (bench/e2e, never shipped): the `prof` models' controlled weights.
 
-`e2e_driver.py` puts this directory first on PYTHONPATH for the `prof` model set and sets E2E_PROFILE_JSON to the
-profile that `mk_profile.py` wrote. Every process of that Engine imports this file at start-up; when SGLang's
+`bench/e2e/driver.py` puts this directory first on PYTHONPATH for the `prof` model set and sets E2E_PROFILE_JSON to the
+profile that `models/mk_profile.py` wrote. Every process of that Engine imports this file at start-up; when SGLang's
 model loader module is executed, its `initialize_dummy_weights` (the `--load-format dummy` fill) is wrapped so
-that, right after the random fill, the model gets the profile's weights (mk_profile.py says why these):
+that, right after the random fill, the model gets the profile's weights (models/mk_profile.py says why these):
 - `o_proj` and `down_proj` of every layer: zero (the GEMMs still run at full size);
 - every norm weight: one;
 - the token embedding: every row e0 (the drafter has none; it reads the target's);
@@ -11,8 +11,6 @@ that, right after the random fill, the model gets the profile's weights (mk_prof
   token; all other columns zero.
 Nothing else is touched, and nothing happens without E2E_PROFILE_JSON.
 """
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
@@ -45,37 +43,23 @@ def apply_profile(model, profile: dict) -> list:
     return done
 
 
-class _Wrap(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name != _TARGET:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None:
-            return None
-        self._inner = spec.loader
-        spec.loader = self
-        return spec
+def _wrap_dummy_init(module) -> None:
+    """Wrap the loader module's ``initialize_dummy_weights`` so that the profile follows the random fill."""
+    profile = json.loads(open(os.environ["E2E_PROFILE_JSON"]).read())
+    original = module.initialize_dummy_weights
 
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
+    def initialize_then_profile(model, *args, **kwargs):
+        original(model, *args, **kwargs)
+        names = apply_profile(model, profile)
+        print(f"E2E profile weights: {type(model).__name__}: set {len(names)} tensors", file=sys.stderr,
+              flush=True)
 
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        profile = json.loads(open(os.environ["E2E_PROFILE_JSON"]).read())
-        original = module.initialize_dummy_weights
-
-        def initialize_then_profile(model, *args, **kwargs):
-            original(model, *args, **kwargs)
-            names = apply_profile(model, profile)
-            print(f"E2E profile weights: {type(model).__name__}: set {len(names)} tensors", file=sys.stderr,
-                  flush=True)
-
-        module.initialize_dummy_weights = initialize_then_profile
+    module.initialize_dummy_weights = initialize_then_profile
 
 
 if os.environ.get("E2E_PROFILE_JSON"):
-    sys.meta_path.insert(0, _Wrap())
+    try:
+        from bench.e2e.import_hook import after_import
+    except ImportError as e:  # a hook that silently did nothing would measure something else: stop the process
+        raise SystemExit(f"bench/e2e/profile_weights: {e}: the repository root must be on PYTHONPATH") from e
+    after_import(_TARGET, _wrap_dummy_init)

@@ -2,7 +2,7 @@
 speculative worker (``DFlashWorkerV2.forward_batch_generation``: chain and DDTree) or of the plain worker
 (``TpModelWorker.forward_batch_generation`` when it is the outermost call: AR), in the scheduler process.
 
-How: e2e_driver.py puts this directory first on PYTHONPATH for a ``-launch`` configuration and sets
+How: bench/e2e/driver.py puts this directory first on PYTHONPATH for a ``-launch`` configuration and sets
 ``DDTREE_ROUND_STATS=DIR``; every process of that Engine imports this file at start-up, and an import hook wraps the
 two methods right after SGLang's modules execute (nothing else is touched; another sitecustomize further down the
 path is still run). Per decode round (extend batches are skipped) at batch size B:
@@ -18,13 +18,15 @@ path is still run). Per decode round (extend batches are skipped) at batch size 
 Writes ``DIR/round-stats-PID.json`` at a batch size's first round, every 50 rounds and after each profiled round (the scheduler is killed at
 shutdown, so there is no final write).
 """
-import importlib.abc
-import importlib.util
 import json
 import os
-import sys
 import threading
 import time
+
+try:
+    from bench.e2e.import_hook import after_import, chain_next_sitecustomize
+except ImportError as e:  # a hook that silently did nothing would measure something else: stop the process
+    raise SystemExit(f"bench/e2e/round_stats_hook: {e}: the repository root must be on PYTHONPATH") from e
 
 _DIR = os.environ.get("DDTREE_ROUND_STATS")
 _TARGETS = {"sglang.srt.speculative.dflash_worker_v2": "DFlashWorkerV2", "sglang.srt.managers.tp_worker": "TpModelWorker"}
@@ -127,52 +129,13 @@ def _wrap(cls_name, fn):
     return forward_batch_generation
 
 
-class _Loader(importlib.abc.Loader):
-    """Runs the module's own loader, then wraps its worker class's method."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec) if hasattr(self.inner, "create_module") else None
-
-    def exec_module(self, module):
-        self.inner.exec_module(module)
-        cls = getattr(module, _TARGETS[module.__name__], None)
-        if cls is not None and "forward_batch_generation" in cls.__dict__:
-            cls.forward_batch_generation = _wrap(cls.__name__, cls.forward_batch_generation)
-
-
-class _Hook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name not in _TARGETS:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _Loader(spec.loader)
-        return spec
-
-
-def _chain_next_sitecustomize():
-    """Run the next sitecustomize on sys.path (this file shadows it)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
-        if not entry or os.path.abspath(entry) == here:
-            continue
-        cand = os.path.join(entry, "sitecustomize.py")
-        if os.path.isfile(cand):
-            spec = importlib.util.spec_from_file_location("_next_sitecustomize", cand)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            return
+def _wrap_worker(module) -> None:
+    cls = getattr(module, _TARGETS[module.__name__], None)
+    if cls is not None and "forward_batch_generation" in cls.__dict__:
+        cls.forward_batch_generation = _wrap(cls.__name__, cls.forward_batch_generation)
 
 
 if _DIR:
     os.makedirs(_DIR, exist_ok=True)
-    sys.meta_path.insert(0, _Hook())
-_chain_next_sitecustomize()
+    after_import(_TARGETS, _wrap_worker)
+chain_next_sitecustomize(__file__)

@@ -1,7 +1,7 @@
 """A tiny hybrid Qwen3-Next target whose next token is one of a few "live" tokens chosen by its context, and a
 DFlash drafter whose top-k covers exactly those tokens.
 
-Usage: python mk_hybrid_live.py OUTDIR BASEDIR   (BASEDIR = output of shared/gpu-e2e/mk_models.py, for the tokenizer)
+Usage: python -m bench.e2e.models.mk_hybrid_live OUTDIR BASEDIR   (BASEDIR = output of shared/gpu-e2e/mk_models.py, for the tokenizer)
 
 Why this shape (issue #9's proof needs DDTree to accept *branches* on a recurrent model, and a wrong recurrent state
 to change the output):
@@ -29,14 +29,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import copy_tokenizer  # noqa: E402
+from bench.e2e.e2e_files import copy_tokenizer
 
 LIVE = list(range(100, 104))  # the tokens the target can emit (few: wide relative logit gaps)
 A = 4.0  # bias axis value of every embedding

@@ -1,5 +1,7 @@
 """End-to-end proof of the DDTree patch set on a real SGLang 0.5.11 (in-process `sglang.Engine`).
 
+Run from the repository root as ``python -m bench.e2e.driver SUB-COMMAND ...`` (bench/e2e/gpu_run.sh does).
+
 Sub-commands
   run NAME OUTDIR          one configuration: start an Engine, run its workloads, write OUTDIR/NAME.json, shut down
   orchestrate OUTDIR ...   run many configurations, several Engine processes at a time (the GPU is big and the
@@ -8,16 +10,16 @@ Sub-commands
 
 Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-launch]:
   MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
-            agree : bench/e2e/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
+            agree : bench/e2e/models/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
-            big   : bench/e2e/mk_big.py (random target with hidden 1024 / 8 layers and LM-head rows of spread norms,
+            big   : bench/e2e/models/mk_big.py (random target with hidden 1024 / 8 layers and LM-head rows of spread norms,
                     random DFlash drafter reading layers [1, 5], block size 4)
             hyb   : shared/gpu-e2e/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
-            hyblive: bench/e2e/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
+            hyblive: bench/e2e/models/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
-            q8b   : bench/e2e/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
-            q36   : bench/e2e/mk_shapes.py (Qwen3.6-27B shape: GatedDeltaNet + gated attention hybrid served as
+            q8b   : bench/e2e/models/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
+            q36   : bench/e2e/models/mk_shapes.py (Qwen3.6-27B shape: GatedDeltaNet + gated attention hybrid served as
                     Qwen3_5ForConditionalGeneration, text only; z-lab Qwen3.6-27B-DFlash drafter shape; dummy weights)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
@@ -31,7 +33,7 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             extra_buffer mamba strategy, as for speculative decoding on hybrids)
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
-            bench/e2e/round_share.py
+            bench/e2e/round_share.py (python -m bench.e2e.round_share)
   -launch   launches and host µs per decode round of the worker (bench/e2e/round_stats_hook/sitecustomize.py in the
             scheduler process; summarised by bench/e2e/round_stats.py into the JSON's round_stats and the report)
 
@@ -50,6 +52,10 @@ import sys
 import time
 from pathlib import Path
 
+from bench.e2e.workloads import CYCLE, prompts
+
+#: the repository root: configurations run as ``python -m bench.e2e.driver`` from there
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("E2E_MODELS", "/tmp/models"))
 MODELSETS = {
     "rand": ("tiny-qwen3", "tiny-dflash"),
@@ -59,7 +65,7 @@ MODELSETS = {
     "hyb": ("tiny-next", "tiny-next-dflash"),
     "hyblive": ("live-next", "live-next-dflash"),
     "q8b": ("q8b-target", "q8b-dflash"),  # Qwen3-8B shape + z-lab b16 drafter shape, --load-format dummy
-    "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (mk_profile.py)
+    "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (models/mk_profile.py)
     "q36": ("q36-target", "q36-dflash"),  # Qwen3.6-27B shape + z-lab Qwen3.6-27B-DFlash shape, --load-format dummy
 }
 DUMMY_MODELSETS = ("q8b", "prof", "q36")
@@ -76,11 +82,6 @@ SAMPLE_TOKENS = int(os.environ.get("E2E_SAMPLE_TOKENS", "128"))
 SPEED_BATCHES = tuple(int(b) for b in os.environ.get("E2E_SPEED_BATCHES", "1,16").split(","))
 PROF_BATCHES = tuple(int(b) for b in os.environ.get("E2E_PROF_BATCHES", "1,16").split(","))
 PROF_TOKENS = int(os.environ.get("E2E_PROF_TOKENS", "32"))
-
-
-def prompts(n: int, seed: int = 1234) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(4, 400) for _ in range(rng.randrange(4, 40))] for _ in range(n)]
 
 
 def parse(name: str) -> dict:
@@ -237,7 +238,7 @@ def run_one(name: str, outdir: Path) -> int:
     try:
         kw = engine_kwargs(cfg)
         if os.environ.get("E2E_DRY_RUN") == "1":  # CPU stand-in: checks the flow, not SGLang (dry_engine.py)
-            from dry_engine import DryEngine
+            from bench.e2e.dry_engine import DryEngine
 
             engine = DryEngine(cfg, kw["model_path"])
         else:
@@ -263,7 +264,7 @@ def run_one(name: str, outdir: Path) -> int:
                 }
             if cfg["modelset"].startswith("agree"):
                 # Stop token inside the accepted path: the cycle is 100,101,102,103; stop at 102.
-                sp = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "stop_token_ids": [102]}
+                sp = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "stop_token_ids": [CYCLE[2]]}
                 outs, dt = generate(engine, allp[:4], sp)
                 res["workloads"]["stop-bs4"] = {
                     "seconds": round(dt, 4),
@@ -301,7 +302,7 @@ def run_one(name: str, outdir: Path) -> int:
     finally:
         res["total_s"] = round(time.perf_counter() - t0, 2)
         if cfg.get("round_stats"):
-            from round_stats import summarize
+            from bench.e2e.round_stats import summarize
 
             res["round_stats"] = summarize(round_stats_dir(outdir, name))
         (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
@@ -386,10 +387,6 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
     1-node tree through DDTree's tree kernels (bench/e2e/gdn_unpacked_decode/sitecustomize.py says why); everything
     else is the `ar` configuration."""
     env = dict(os.environ)
-    if cfg["modelset"] == "prof":
-        hook = str(Path(__file__).resolve().parent / "profile_weights")
-        env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["E2E_PROFILE_JSON"] = str(MODELS / "prof-target" / "profile.json")
     if cfg["modelset"] in SAMPLED_SPEED_MODELSETS:
         env.setdefault("E2E_SPEED_T", str(SAMPLED_SPEED_MODELSETS[cfg["modelset"]]))
     if cfg.get("sync_check"):
@@ -402,8 +399,13 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
         # first on the path: its sitecustomize runs the next one (gdn_unpacked_decode's, the bundle's) itself
         hooks.insert(0, str(Path(__file__).resolve().parent / "round_stats_hook"))
         env["DDTREE_ROUND_STATS"] = str(round_stats_dir(outdir, cfg["name"]))
+    if cfg["modelset"] == "prof":
+        hooks.append(str(Path(__file__).resolve().parent / "profile_weights"))
+        env["E2E_PROFILE_JSON"] = str(MODELS / "prof-target" / "profile.json")
     if hooks:
-        env["PYTHONPATH"] = os.pathsep.join(hooks + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # the hooks import bench.e2e.import_hook: the repository root goes last, so it shadows nothing
+        rest = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+        env["PYTHONPATH"] = os.pathsep.join(hooks + rest + [str(ROOT)])
     return env
 
 
@@ -452,8 +454,8 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
                 if gpu:
                     env["CUDA_VISIBLE_DEVICES"] = gpu
                 f = open(logs / f"{n}.log", "w")
-                p = subprocess.Popen([sys.executable, __file__, "run", n, str(outdir)], stdout=f,
-                                     stderr=subprocess.STDOUT, start_new_session=False, env=env)
+                p = subprocess.Popen([sys.executable, "-m", "bench.e2e.driver", "run", n, str(outdir.resolve())], stdout=f,
+                                     stderr=subprocess.STDOUT, start_new_session=False, env=env, cwd=ROOT)
                 running[n] = (p, time.time(), gpu)
                 print(f"[{time.time() - t0:6.1f}s] start {n}" + (f" on GPU {gpu}" if gpu else ""), flush=True)
                 started = True
@@ -479,7 +481,18 @@ def first_divergences(a: list[list[int]], b: list[list[int]]) -> list[int | None
     return res
 
 
-def report(outdir: Path, result: Path) -> dict:
+def acceptance(meta: list[dict]) -> dict:
+    """Verify rounds, accepted drafts and their rates over the requests' meta of one workload."""
+    verify = sum((m.get("spec_verify_ct") or 0) for m in meta)
+    accepted = sum((m.get("spec_accepted_drafts") or 0) for m in meta)
+    return {"verify_rounds": verify, "accepted_drafts": accepted,
+            "accepted_per_round": round(accepted / verify, 4) if verify else None,
+            "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None}
+
+
+def report(outdir: Path, result: Path, base: str = BASE) -> dict:
+    """Every configuration against its baselines, as RESULT.json/.md; ``base`` picks the base's acceptance
+    accounting (0.5.14+ count every draft the last round accepted)."""
     rs = {}
     for f in sorted(outdir.glob("*.json")):
         try:
@@ -506,8 +519,6 @@ def report(outdir: Path, result: Path) -> dict:
             a, b = w["output_ids"], base["workloads"][wl]["output_ids"]
             same = [x == y for x, y in zip(a, b, strict=False)]
             first_div = first_divergences(a, b)
-            verify = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
-            accepted = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
             summary["lossless"].setdefault(name, {})[wl] = {
                 "identical": all(same) and len(a) == len(b),
                 "requests": len(a),
@@ -516,12 +527,7 @@ def report(outdir: Path, result: Path) -> dict:
                 "tokens": sum(len(x) for x in a),
             }
             if wl.startswith("greedy") or wl.startswith("stop"):
-                summary["acceptance"].setdefault(name, {})[wl] = {
-                    "verify_rounds": verify,
-                    "accepted_drafts": accepted,
-                    "accepted_per_round": round(accepted / verify, 4) if verify else None,
-                    "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
-                }
+                summary["acceptance"].setdefault(name, {})[wl] = acceptance(w["meta"])
     for name, d in rs.items():  # DDTree against the stock DFlash chain of the same models and graph mode
         cfg = d["config"]
         if cfg["algo"] != "ddtree" or not d.get("ok"):
@@ -540,14 +546,7 @@ def report(outdir: Path, result: Path) -> dict:
     for name, d in rs.items():
         w = d.get("workloads", {}).get("sample-T")
         if w:
-            verify = sum((m.get("spec_verify_ct") or 0) for m in w["meta"])
-            accepted = sum((m.get("spec_accepted_drafts") or 0) for m in w["meta"])
-            summary["acceptance"].setdefault(name, {})["sample-T"] = {
-                "verify_rounds": verify,
-                "accepted_drafts": accepted,
-                "accepted_per_round": round(accepted / verify, 4) if verify else None,
-                "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None,
-            }
+            summary["acceptance"].setdefault(name, {})["sample-T"] = acceptance(w["meta"])
     for name, d in rs.items():
         for wl, runs in d.get("workloads", {}).items():
             if not wl.startswith("speed"):
@@ -569,7 +568,7 @@ def report(outdir: Path, result: Path) -> dict:
     expected_file = result.parent / "expected-acceptance.json"
     if expected_file.exists():  # measured acceptance on the agree models against the runtime-only replay
         expected = json.loads(expected_file.read_text())
-        key = "accepted_per_round" if BASE == "0.5.11" else "accepted_all_per_round"
+        key = "accepted_per_round" if base == "0.5.11" else "accepted_all_per_round"
         summary["replay"] = {}
         for name, d in rs.items():
             cfg = d["config"]
@@ -617,7 +616,7 @@ def report(outdir: Path, result: Path) -> dict:
                 lines.append(f"| {n} | {wl[len('speed-bs'):]} | {v['tok_per_s_median']} | {v['tok_per_s_all']} | "
                              f"{v['tokens_per_round']} | {v.get('round_ms_median')} |")
     if summary["round_stats"]:
-        from round_stats import table
+        from bench.e2e.round_stats import table
 
         lines += ["", "## Launches and host µs per decode round (worker's forward_batch_generation; counts: median "
                   "of the profiled rounds)", ""] + table(summary["round_stats"])

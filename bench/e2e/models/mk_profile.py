@@ -1,6 +1,6 @@
 """A Qwen3-8B-shaped target + z-lab b16 DFlash drafter pair whose acceptance is controlled (the `prof` models).
 
-Usage: python bench/e2e/mk_profile.py OUTDIR BASEDIR   (BASEDIR = output of the bundle's mk_models.py: tokenizer)
+Usage: python -m bench.e2e.models.mk_profile OUTDIR BASEDIR   (BASEDIR = output of the bundle's mk_models.py: tokenizer)
 
 Why: random weights accept nothing, so they price a round but cannot say whether DDTree pays. These models keep the
 full compute of the production shapes and make acceptance a stated number:
@@ -28,9 +28,8 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import copy_tokenizer  # noqa: E402
-from mk_shapes import DRAFT_8B, QWEN3_8B  # noqa: E402
+from bench.e2e.e2e_files import copy_tokenizer
+from bench.e2e.models.mk_shapes import DRAFT_8B, QWEN3_8B
 
 #: The stated law: token ids and probabilities (rank order = drafter's rank order).
 TOKENS = (1000, 1001, 1002, 1003)

@@ -1,6 +1,6 @@
 """A larger random Qwen3 target (hidden 1024, 8 layers) and a random DFlash drafter for it: the `big` model set.
 
-Usage: python bench/e2e/mk_big.py OUTDIR [BASEDIR] [--check] [--beta B] [--lm-std S] [--seed N]
+Usage: python -m bench.e2e.models.mk_big OUTDIR [BASEDIR] [--check] [--beta B] [--lm-std S] [--seed N]
   BASEDIR (default OUTDIR) holds tiny-qwen3/ from shared/gpu-e2e/mk_models.py, whose tokenizer is reused.
   Writes OUTDIR/big-qwen3 and OUTDIR/big-dflash (bf16 safetensors). Idempotent: an existing pair with the same
   parameters is kept. --check (CPU, ~1 min) prints near-tie statistics of the greedy workload (see below).
@@ -20,14 +20,14 @@ Why this shape:
   moves with the context (31 distinct tokens in the 768 steps; 201 without the spread). The CPU decode-vs-prefill
   stand-in diverges on 5 of 16 requests instead of 11 (std 0.02) and 9 (std 0.1). The larger hidden size should
   also average a kernel's last-bit differences over more components. Near-ties become rarer, not impossible: a
-  divergence must still be checked against its fp32 gap (post_call4.py does). The base std is 0.05 (a peaked
+  divergence must still be checked against its fp32 gap (`python -m bench.e2e.report sweep` does). The base std is 0.05 (a peaked
   softmax); the EOS row is zero so requests run to length.
 - Side effect used by the acceptance numbers: the drafter shares the target's LM head, so both favour the same
   high-norm rows; a random drafter's top-k then holds the target's next token well above 1/vocab, more for wider
   trees, so DDTree accepts some nodes (the `rand` pair accepts ~nothing) and the walk/compaction paths run.
 - Weights are drawn from a seeded torch.Generator in a fixed order and written directly (no transformers init), so
   the same arguments give bit-identical files on any machine: the post-processing rebuilds them to explain a
-  divergence (bench/e2e/post_call4.py).
+  divergence (`python -m bench.e2e.report sweep`).
 """
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import copy_tokenizer  # noqa: E402
+from bench.e2e.e2e_files import copy_tokenizer
 
 V, H, INTER, LAYERS, NQ, NKV, DH = 512, 1024, 3072, 8, 32, 8, 32
 BLOCK, TARGET_LAYER_IDS = 4, [1, 5]
@@ -133,7 +132,7 @@ def build(out: Path, basedir: Path, *, beta: float, lm_std: float, seed: int) ->
 
 
 def check(tgt: Path, n_prompts: int = 16, max_new: int = 48) -> dict:
-    """Greedy workload of e2e_driver on the CPU: how close to a tie is the argmax at each step?
+    """Greedy workload of the driver on the CPU: how close to a tie is the argmax at each step?
 
     bf16 incremental decoding (as the AR baseline) gives the trajectory; one teacher-forced forward over it in fp32
     gives each step's top-2 logits. Reported: the share of steps whose gap is under 1 % / 0.4 % (about one bf16 ulp)
@@ -143,8 +142,7 @@ def check(tgt: Path, n_prompts: int = 16, max_new: int = 48) -> dict:
     """
     from transformers import Qwen3ForCausalLM
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from e2e_driver import prompts
+    from bench.e2e.workloads import prompts
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     m16 = Qwen3ForCausalLM.from_pretrained(str(tgt), dtype=torch.bfloat16).eval()

@@ -1,6 +1,6 @@
 """Model folders of production shapes for `--load-format dummy` runs (random weights, no checkpoint files).
 
-Usage: python bench/e2e/mk_shapes.py OUTDIR BASEDIR   (BASEDIR = output of the bundle's mk_models.py: tokenizer)
+Usage: python -m bench.e2e.models.mk_shapes OUTDIR BASEDIR   (BASEDIR = output of the bundle's mk_models.py: tokenizer)
 
 q8b-target / q8b-dflash: Qwen3-8B (36 layers, hidden 4096, 32/8 heads, head_dim 128, intermediate 12288, vocab
 151936) and the z-lab Qwen3-8B-DFlash-b16 drafter shape (5 layers at the target's width, block 16, target layers
@@ -18,8 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_files import copy_tokenizer  # noqa: E402
+from bench.e2e.e2e_files import copy_tokenizer
 
 QWEN3_8B = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=4096,
                 intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
