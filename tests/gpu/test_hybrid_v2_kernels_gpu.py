@@ -341,7 +341,12 @@ def run_case(B, case: Case, shapes: dict, device: str, dtype=torch.bfloat16) -> 
             res["max_out_err"] = max(res["max_out_err"], err_o)
             res["max_state_err"] = max(res["max_state_err"], err_s)
             res["window_exact"] &= bool(torch.equal(pool.inter_conv[0][li, r].double(), win_ref))
-    out_tol, state_tol = (2e-2, 2e-3) if dtype == torch.bfloat16 else (1e-4, 1e-4)  # bf16 output / q,k,v rounding
+    # Errors relative to the tensor's largest magnitude. fp32 activations: 1e-4. bf16 activations: the kernel and the
+    # oracle both round the conv output (q, k, v) to bf16 from fp32 sums taken in other orders, so an element can
+    # land one bf16 ulp apart, and that carries into every later state and output of the path at up to about one
+    # ulp relative (gates <= 1, k normalised): states within one bf16 ulp (2^-7), outputs (stored in bf16) 2e-2.
+    bf16_ulp = torch.finfo(torch.bfloat16).eps
+    out_tol, state_tol = (2e-2, bf16_ulp) if dtype == torch.bfloat16 else (1e-4, 1e-4)
     res["ok_verify"] = res["max_out_err"] < out_tol and res["max_state_err"] < state_tol and res["window_exact"]
 
     # walk + commit through the real worker method (base tracking rule, then ddtree_v2.hybrid.commit)
