@@ -37,9 +37,9 @@ demo: install
 	$(PY) -m ddtree_deploy.demo
 
 # Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
-# In TEST_JOBS worker processes (pytest-xdist; work stealing evens out the long tests): most of the suite waits on
-# sshd hosts and subprocesses, so two workers halve it on 2 cores (about 9 min). TEST_JOBS=0 runs it in one process.
-TEST_JOBS ?= 2
+# In TEST_JOBS worker processes (pytest-xdist; work stealing evens out the long tests): much of the suite waits on
+# sshd hosts and subprocesses, so on 2 cores three workers take about 8 min, two 9, one 16. TEST_JOBS=0: one process.
+TEST_JOBS ?= 3
 test: install
 	$(PY) -m pytest -q -m "not gpu" $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
 
