@@ -41,12 +41,13 @@ demo: install
 # sshd hosts and subprocesses: on 2 cores two workers take about 9 min, one 16 (three take 8, but load the
 # timing-bound sandbox tests harder than the minute is worth). TEST_JOBS=0: one process.
 TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
 test: install
-	$(PY) -m pytest -q -m "not gpu" $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
+	$(PY) -m pytest -q -m "not gpu" $(XDIST)
 
-# The inner loop (a few minutes): no sandbox sshd hosts, no real SGLang wheels unpacked or patched.
+# The inner loop (under 2 minutes on 2 cores): no sandbox sshd hosts, no real SGLang wheels unpacked or patched.
 test-fast: install
-	$(PY) -m pytest -q -m "not gpu and not sandbox and not wheels"
+	$(PY) -m pytest -q -m "not gpu and not sandbox and not wheels" $(XDIST)
 
 test-gpu:
 	TRITON_INTERPRET=0 $(PY) -m pytest -q -m gpu
