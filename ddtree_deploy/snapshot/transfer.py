@@ -60,16 +60,17 @@ def fetch_blobs(conn: HostConnection, host: Host, objects: Path, incoming: Path,
     job_file = incoming / f"{os.getpid()}-job-{secrets.token_hex(6)}.json"
     job_file.write_text(json.dumps({"objects": str(objects), "incoming": str(incoming), "wanted": wanted}))
     receiver = _Receiver(job_file, command.local_zstd)
+    total = sum(sizes.values())
     result: dict[str, Any] = {}
     try:
         with _cut_is_transport_error(host.name, lambda: receiver.pumped), \
                 conn.stream_out(command.line, timeout=max(host.command_timeout, 60.0)) as stream:
-            _pump(stream, receiver, report, sum(sizes.values()))
+            _pump(stream, receiver, report, total)
             result = receiver.finish()
             _check_result(host.name, result, receiver.cut, receiver.pumped, len(wanted))
             # the last count: the pump's reports are throttled and, compressed, lag the receiver, so without this the
             # bar could stop short of its total on a transfer that completed
-            report("transfer", int(result.get("bytes", 0)), sum(sizes.values()))
+            report("transfer", int(result.get("bytes", 0)), total)
     finally:
         receiver.kill()
         for tmp in incoming.glob(f"{receiver.pid}-*"):
