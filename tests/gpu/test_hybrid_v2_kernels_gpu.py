@@ -263,26 +263,46 @@ def walk_to(rt, tree, gen, vocab=64, deepest=False):
     return walk, chosen
 
 
+def gdn_backend(B, *, budget: int, layer_ids: list[int], slots: int, rows: int, shapes: dict, device: str, dtype):
+    """The patched ``GDNAttnBackend`` as a model runner makes it (the base's own set-up of the mamba backend state,
+    then what patch 0004's ``__init__`` attaches) over a ``Pool`` of one recurrent layer per id; (backend, pool)."""
+    pool = Pool(B, layers=len(layer_ids), slots=slots, rows=rows, n1=budget + 1, shapes=shapes, device=device,
+                dtype=dtype)
+    pool.layer_index = {lid: i for i, lid in enumerate(layer_ids)}
+    args = SimpleNamespace(speculative_eagle_topk=None, enable_unified_memory=False, speculative_ddtree_budget=budget,
+                           speculative_num_draft_tokens=budget + 1)
+    runner = SimpleNamespace(device=device, server_args=args, is_draft_worker=False, req_to_token_pool=pool,
+                             token_to_kv_pool=None)
+    gdn = object.__new__(B.GDN)
+    B.Base.__init__(gdn, runner)
+    gdn.verify_intermediate_state_indices = torch.arange(rows, dtype=torch.int32, device=device)
+    gdn.ddtree = B.hybrid.TreeVerify.attach(gdn, runner)
+    return gdn, pool
+
+
+def gdn_layer(B, layer_id: int, shapes: dict, gen: torch.Generator, device: str, dtype):
+    """A GatedDeltaNet layer of the given shapes with random weights drawn from ``gen``."""
+    hv, vd, kd, hk = shapes["num_v_heads"], shapes["head_v_dim"], shapes["head_k_dim"], shapes["num_k_heads"]
+    dim = 2 * hk * kd + hv * vd
+    return B.Layer(layer_id=layer_id, num_q_heads=hk, num_k_heads=hk, num_v_heads=hv, head_q_dim=kd, head_k_dim=kd,
+                   head_v_dim=vd, conv_weights=(torch.randn(dim, shapes["conv_kernel"], generator=gen) * 0.4)
+                   .to(dtype).to(device), bias=None, activation="silu",
+                   A_log=torch.randn(hv, generator=gen).to(device),
+                   dt_bias=(torch.randn(hv, generator=gen) * 0.5).to(dtype).to(device))
+
+
 def run_case(B, case: Case, shapes: dict, device: str, dtype=torch.bfloat16) -> dict:
     rt, hybrid = B.rt, B.hybrid
     gen = torch.Generator().manual_seed(SEED + zlib.crc32(case.name.encode()) % 100000)
     batch, n1 = case.batch, case.budget + 1
     bs = batch + case.pad  # what the graph runner replays
-    layers = 2
     hv, vd, kd, hk = shapes["num_v_heads"], shapes["head_v_dim"], shapes["head_k_dim"], shapes["num_k_heads"]
     dim = 2 * hk * kd + hv * vd
     slots = 2 * bs + 4  # room for a track slot per request besides the requests' own
-    pool = Pool(B, layers=layers, slots=slots, rows=bs + 1, n1=n1, shapes=shapes, device=device, dtype=dtype)
     layer_ids = [4, 9]
-    pool.layer_index = {lid: i for i, lid in enumerate(layer_ids)}
-    args = SimpleNamespace(speculative_eagle_topk=None, enable_unified_memory=False, speculative_ddtree_budget=case.budget,
-                           speculative_num_draft_tokens=n1)
-    runner = SimpleNamespace(device=device, server_args=args, is_draft_worker=False, req_to_token_pool=pool,
-                             token_to_kv_pool=None)
-    gdn = object.__new__(B.GDN)
-    B.Base.__init__(gdn, runner)  # the base's own set-up of the mamba backend state
-    gdn.verify_intermediate_state_indices = torch.arange(bs + 1, dtype=torch.int32, device=device)
-    gdn.ddtree = B.hybrid.TreeVerify.attach(gdn, runner)  # what patch 0004's GDNAttnBackend.__init__ does
+    layers = len(layer_ids)
+    gdn, pool = gdn_backend(B, budget=case.budget, layer_ids=layer_ids, slots=slots, rows=bs + 1, shapes=shapes,
+                            device=device, dtype=dtype)
     tree = make_trees(B, rt, case, batch, device, gen)
     req_pool = torch.randperm(slots, generator=gen)[:bs].to(device)
     spec = B.VerifyInput(draft_token=tree.token.reshape(-1), positions=None, draft_token_num=n1, custom_mask=None,
@@ -309,11 +329,7 @@ def run_case(B, case: Case, shapes: dict, device: str, dtype=torch.bfloat16) -> 
     x = (torch.randn(rows * n1, dim, generator=gen) * 0.7).to(dtype).to(device)
     a = torch.randn(rows * n1, hv, generator=gen).to(dtype).to(device)
     bb = torch.randn(rows * n1, hv, generator=gen).to(dtype).to(device)
-    lay = [B.Layer(layer_id=lid, num_q_heads=hk, num_k_heads=hk, num_v_heads=hv, head_q_dim=kd, head_k_dim=kd,
-                   head_v_dim=vd, conv_weights=(torch.randn(dim, shapes["conv_kernel"], generator=gen) * 0.4)
-                   .to(dtype).to(device), bias=None, activation="silu",
-                   A_log=torch.randn(hv, generator=gen).to(device),
-                   dt_bias=(torch.randn(hv, generator=gen) * 0.5).to(dtype).to(device)) for lid in layer_ids]
+    lay = [gdn_layer(B, lid, shapes, gen, device, dtype) for lid in layer_ids]
     temporal0, conv0 = pool.temporal.clone(), pool.conv[0].clone()
     res = {"case": case.name, "max_out_err": 0.0, "max_state_err": 0.0, "window_exact": True}
     t0 = time.perf_counter()

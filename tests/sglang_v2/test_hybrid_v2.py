@@ -407,7 +407,7 @@ os.environ["TRITON_INTERPRET"] = "1"; os.environ["DDTREE_HYBRID_IMPL"] = "triton
 from types import SimpleNamespace as NS
 sys.path.append(sys.argv[3])  # the repository root, as bench/e2e/driver.py's config_env puts it for the hook
 runpy.run_path(sys.argv[1])  # bench/e2e/gdn_unpacked_decode/sitecustomize.py: its import hook, before SGLang loads
-H = runpy.run_path(sys.argv[2], run_name="harness")  # tests/gpu/test_hybrid_v2_kernels_gpu.py: Pool, Layer set-up
+H = runpy.run_path(sys.argv[2], run_name="harness")  # tests/gpu/test_hybrid_v2_kernels_gpu.py: backend, layer set-up
 import torch
 B = H["base"]()
 hooked = B.GDN.forward_decode.__module__ != B.GDN.forward_extend.__module__
@@ -420,26 +420,15 @@ gen = torch.Generator().manual_seed(5)
 
 
 def backend(budget):
-    pool = H["Pool"](B, layers=1, slots=slots, rows=batch + 1, n1=budget + 1, shapes=shapes, device=dev, dtype=dtype)
-    pool.layer_index = {7: 0}
-    args = NS(speculative_eagle_topk=None, enable_unified_memory=False, speculative_ddtree_budget=budget,
-              speculative_num_draft_tokens=budget + 1)
-    runner = NS(device=dev, server_args=args, is_draft_worker=False, req_to_token_pool=pool, token_to_kv_pool=None)
-    gdn = object.__new__(B.GDN)
-    B.Base.__init__(gdn, runner)
-    gdn.verify_intermediate_state_indices = torch.arange(batch + 1, dtype=torch.int32)
-    gdn.ddtree = B.hybrid.TreeVerify.attach(gdn, runner)
-    return gdn, pool
+    return H["gdn_backend"](B, budget=budget, layer_ids=[7], slots=slots, rows=batch + 1, shapes=shapes, device=dev,
+                            dtype=dtype)
 
 
 req_pool = torch.randperm(slots, generator=gen)[:batch]
 x = (torch.randn(batch, n1, dim, generator=gen) * 0.7).to(dtype)
 a = torch.randn(batch, n1, hv, generator=gen).to(dtype)
 bb = torch.randn(batch, n1, hv, generator=gen).to(dtype)
-layer = B.Layer(layer_id=7, num_q_heads=hk, num_k_heads=hk, num_v_heads=hv, head_q_dim=kd, head_k_dim=kd,
-                head_v_dim=vd, conv_weights=(torch.randn(dim, shapes["conv_kernel"], generator=gen) * 0.4).to(dtype),
-                bias=None, activation="silu", A_log=torch.randn(hv, generator=gen),
-                dt_bias=(torch.randn(hv, generator=gen) * 0.5).to(dtype))
+layer = H["gdn_layer"](B, 7, shapes, gen, dev, dtype)
 
 
 def fb(mode, bs, spec=None):
