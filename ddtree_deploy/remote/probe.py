@@ -134,6 +134,29 @@ def _read_log(source, offset):
     return data, offset + len(data)
 
 
+def _settle_log(source, offset, pid_source, deadline, quiet=0.3, cap=3.0):
+    """A traceback is written in pieces: its first line can land before the exception line that names the error.
+    Keep reading until the log has been quiet for ``quiet`` seconds, the process has exited (then one last read),
+    or ``cap`` seconds pass (never past the start-up deadline), so the log tail we return holds the whole story."""
+    end = min(time.time() + cap, deadline)
+    quiet_since = time.time()
+    while time.time() < end:
+        chunk, offset = _read_log(source, offset)
+        now = time.time()
+        if chunk:
+            quiet_since = now
+        elif now - quiet_since >= quiet:
+            return
+        if pid_source["kind"] == "systemd":
+            alive, _ = _pid_alive_systemd(pid_source["unit"], pid_source.get("become", ""))
+        else:
+            alive, _ = _pid_alive_file(pid_source["path"])
+        if not alive:
+            time.sleep(0.05)  # the last write of an exiting process may still be in flight
+            return
+        time.sleep(0.05)
+
+
 def _tail_text(source, lines=40):
     data, _ = _read_log(source, 0)
     return "\n".join(data[-65536:].decode("utf-8", "replace").splitlines()[-lines:])
@@ -221,6 +244,7 @@ def _wait_ready(pid_source, log_source, url, budget, poll, health_timeout, stall
             seen = (seen + chunk)[-(len(TRACEBACK) + 65536):]
             if TRACEBACK in seen:
                 state = "traceback"
+                _settle_log(log_source, offset, pid_source, deadline)
                 break
             if now >= deadline:
                 state = "timeout"

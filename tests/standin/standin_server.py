@@ -10,7 +10,7 @@ in the release's DDTree runtime directory (so a patch set's vendored runtime can
   crash         logs a traceback and exits 1 after ``--crash-after`` seconds (default 0.3)
   exit          exits 3 silently after ``--crash-after`` seconds (a death without a traceback)
   hang          binds the port but /health answers 503 forever
-  traceback     like hang, and logs a traceback (a crashed worker behind a live front end)
+  traceback     like hang, and logs a traceback line by line, 0.1 s apart (a crashed worker behind a live front end)
   wrong-output  like ok, but the last generated token is changed
   wedge         logs its start line, then nothing: no port, no /health (a start that is stuck)
   slowload      logs "loading shard i/N" every 0.3 s for ``--load-seconds`` (default 3), then serves like ok: a
@@ -105,8 +105,12 @@ def main():
         try:
             raise RuntimeError("standin: scripted worker crash")
         except RuntimeError:
-            traceback.print_exc()
-        sys.stderr.flush()
+            # line by line with a pause, as a front end relaying a worker's output writes it: the probe must not
+            # cut the log tail between the "Traceback" line and the exception line that names the error
+            for line in traceback.format_exc().splitlines(True):
+                sys.stderr.write(line)
+                sys.stderr.flush()
+                time.sleep(0.1)
     started = time.time()
     info = {"engine": "standin", "pid": os.getpid(), "speculative_algorithm": args.speculative_algorithm if spec_on else None,
             "ddtree_runtime_path": runtime if spec_on else None}
