@@ -37,11 +37,12 @@ demo: install
 	$(PY) -m ddtree_deploy.demo
 
 # Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
-# In TEST_JOBS worker processes (pytest-xdist; work stealing evens out the long tests): much of the suite waits on
-# sshd hosts and subprocesses: on 2 cores two workers take about 9 min, one 16 (three take 8, but load the
-# timing-bound sandbox tests harder than the minute is worth). TEST_JOBS=0: one process.
+# In TEST_JOBS worker processes (pytest-xdist): much of the suite waits on sshd hosts and subprocesses; on 2 cores
+# two workers take about 10 min, one 16. Each test file runs whole, in order, on one worker (--dist loadfile): a
+# sandbox module is one scenario on its own hosts (a module fixture), and a test may build on the state an
+# earlier test of its file left; work stealing split files between workers and broke that. TEST_JOBS=0: one process.
 TEST_JOBS ?= 2
-XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 test: install
 	$(PY) -m pytest -q -m "not gpu" $(XDIST)
 

@@ -43,8 +43,11 @@ class WheelEnv:
 
 
 def _pip(python: Path | str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
+    """pip without the caller's PYTHONPATH / PYTHONHOME: a PYTHONPATH with an empty entry puts the checkout on the
+    venv's path, and pip then finds the project "already satisfied" and installs only its dependencies."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_TARGET", "PIP_PREFIX")}
+    return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args], cwd=cwd or "/",
+                          env=env, capture_output=True, text=True, timeout=900)
 
 
 def build_wheel(dest: Path) -> Path:
@@ -76,6 +79,8 @@ def install_wheel(root: Path) -> None:
     proc = _pip(venv / "bin" / "python", "install", str(wheel))
     if proc.returncode != 0:
         raise RuntimeError(f"pip install of the wheel into a fresh venv failed:\n{proc.stdout}\n{proc.stderr}")
+    if not (venv / "bin" / "ddtree-deploy").exists():
+        raise RuntimeError(f"pip install of {wheel.name} exited 0 but left no {venv}/bin/ddtree-deploy:\n{proc.stdout}\n{proc.stderr}")
 
 
 def make_wheel_env(installed: Path, user: Path) -> WheelEnv:
