@@ -106,6 +106,13 @@ def _pid_alive_file(pid_file):
     return _proc_alive(pid, record.get("start_ticks")), pid
 
 
+def _pid_alive(pid_source):
+    """(alive, pid) of the server: from its unit (systemd) or its pid file (managed)."""
+    if pid_source["kind"] == "systemd":
+        return _pid_alive_systemd(pid_source["unit"], pid_source.get("become", ""))
+    return _pid_alive_file(pid_source["path"])
+
+
 def _become(source):
     return shlex.split(source.get("become") or "")
 
@@ -147,10 +154,7 @@ def _settle_log(source, offset, pid_source, deadline, quiet=0.3, cap=3.0):
             quiet_since = now
         elif now - quiet_since >= quiet:
             return
-        if pid_source["kind"] == "systemd":
-            alive, _ = _pid_alive_systemd(pid_source["unit"], pid_source.get("become", ""))
-        else:
-            alive, _ = _pid_alive_file(pid_source["path"])
+        alive, _ = _pid_alive(pid_source)
         if not alive:
             time.sleep(0.05)  # the last write of an exiting process may still be in flight
             return
@@ -227,10 +231,7 @@ def _wait_ready(pid_source, log_source, url, budget, poll, health_timeout, stall
     progress_at = t0
     try:
         while True:
-            if pid_source["kind"] == "systemd":
-                alive, pid = _pid_alive_systemd(pid_source["unit"], pid_source.get("become", ""))
-            else:
-                alive, pid = _pid_alive_file(pid_source["path"])
+            alive, pid = _pid_alive(pid_source)
             if ready.is_set():
                 state = "ready"
                 break
