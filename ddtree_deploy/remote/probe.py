@@ -143,8 +143,9 @@ def _read_log(source, offset):
 
 def _settle_log(source, offset, pid_source, deadline, quiet=0.3, cap=3.0):
     """A traceback is written in pieces: its first line can land before the exception line that names the error.
-    Keep reading until the log has been quiet for ``quiet`` seconds, the process has exited (then one last read),
-    or ``cap`` seconds pass (never past the start-up deadline), so the log tail we return holds the whole story."""
+    Keep reading until the log has been quiet for ``quiet`` seconds, the process has exited (the tail is read
+    after this returns), or ``cap`` seconds pass (never past the start-up deadline), so the log tail we return
+    holds the whole story."""
     end = min(time.time() + cap, deadline)
     quiet_since = time.time()
     while time.time() < end:
