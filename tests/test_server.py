@@ -162,9 +162,12 @@ def test_server_commands(sandbox, tmp_path):
         assert cli("start").returncode == 0
         status = json.loads(cli("status", "--json").stdout)
         assert status["running"] and status["active_release"] is None and status["release"] is None
-        logs = _eventually(lambda: cli("logs").stdout, "speculative False")
-        assert "speculative False" in logs  # no overlay active: DDTree flags off
-        assert cli("logs").returncode == 0
+        def logs() -> str:
+            proc = cli("logs")
+            assert proc.returncode == 0, proc.stderr
+            return proc.stdout
+
+        assert "speculative False" in _eventually(logs, "speculative False")  # no overlay active: DDTree flags off
         assert cli("restart").returncode == 0
         assert json.loads(cli("status", "--json").stdout)["pid"] != status["pid"]
         assert cli("stop").returncode == 0

@@ -12,6 +12,7 @@ import pytest
 
 from ddtree_deploy.deploy import deploy_overlay
 from ddtree_deploy.inventory import load_host_file
+from ddtree_deploy.release import ReleaseManager
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import install_fake_systemd, install_standin, overlay, remove_root, run_cli, standin_host, write_host_yaml
 
@@ -69,8 +70,8 @@ def test_deploy_through_a_unit_with_become_and_flags_in_the_dropin(unit_host):
 def test_record_baseline_with_ddtree_off_through_the_unit(unit_host):
     host, inv, fake = unit_host
     with HostConnection(host) as conn:  # a release must be active for "back to the flags" (tests may run in any order)
-        active = conn.run(f"test -e {host.release_root}/current", check=False).exit_code == 0
-    if not active:
+        active = ReleaseManager(conn).show()["state"]["active"]
+    if active is None:
         assert deploy_overlay(host, overlay()).status == "ok"
     proc = run_cli(inv, "probe", host.name, "--record-baseline")
     assert proc.returncode == 0, proc.stdout + proc.stderr
