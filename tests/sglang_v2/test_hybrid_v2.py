@@ -452,7 +452,7 @@ B.rt.commit_tree_states_layers(vpool.temporal, vpool.conv[0], vpool.inter_ssm, v
 
 # `ard`: n1 plain decode steps through the hooked forward_decode, from the same starting pool
 dec, dpool = backend(n1 - 1)
-start = backend(n1 - 1)[1].temporal  # the pools are seeded alike: the state both runs started from
+start = dpool.temporal.clone()  # the state the decode steps start from (the pools are seeded alike)
 fd = fb(B.ForwardMode.DECODE, batch)
 dec.init_forward_metadata(fd)
 assert torch.equal(dec.forward_metadata.mamba_cache_indices[:batch].long(), slot_of)
