@@ -1,5 +1,10 @@
 # ddtree-deploy — after cloning: `make demo` (the whole flow on local sandbox hosts) and `make test`.
-PY ?= python3
+# Everything installs into a project venv (.venv/, made from $(BOOTSTRAP)), never into the interpreter make was started
+# with: a Debian/Ubuntu system Python refuses pip (externally-managed-environment) and a shared one must not change.
+# PY=/path/to/python uses that interpreter instead (a venv you made yourself); VENV=dir moves the project venv.
+BOOTSTRAP ?= python3
+VENV ?= .venv
+PY ?= $(VENV)/bin/python
 STAMP := .cache/deps.stamp
 export TRITON_INTERPRET ?= 1
 
@@ -7,10 +12,20 @@ export TRITON_INTERPRET ?= 1
 
 install: $(STAMP)
 
+# The project venv; with PY set to another interpreter this rule never runs. A Debian/Ubuntu Python without its
+# venv module (python3-venv) gets it from apt when make runs as root.
+$(VENV)/bin/python:
+	@$(BOOTSTRAP) -m venv $(VENV) 2>/dev/null || { rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null && $(BOOTSTRAP) -m venv $(VENV); \
+	  else echo "cannot make a venv with $(BOOTSTRAP): install its venv module (python3-venv) or pass PY=<a venv's python>"; \
+	    exit 1; fi; }
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+
 # System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark, zstd for compressed snapshot
 # transfers, which the tests exercise) and the project with its extras.
 # torch is pinned to the CPU build this machine carries; triton 3.6.0 matches the H200 image (interpreted on CPU).
-$(STAMP): pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt \
+$(STAMP): $(filter $(VENV)/bin/python,$(PY)) pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt \
           $(wildcard tests/sglang_v2/requirements-cpu-*.txt)
 	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null \
 	    || ! command -v zstd >/dev/null; then \
