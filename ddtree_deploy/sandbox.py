@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -222,13 +224,27 @@ class Sandbox:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
+def creator_site_dirs() -> list[str]:
+    """The site-packages of the interpreter running this, when it is a venv (``make`` runs everything in
+    ``.venv/``): ``--system-site-packages`` exposes only the base interpreter's, which lacks torch."""
+    if sys.prefix == sys.base_prefix:
+        return []
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys(p for p in (paths["purelib"], paths["platlib"]) if os.path.isdir(p)))
+
+
 def python_env_command(venv: str, wheel: Path) -> str:
     """Shell command that makes a Python environment at ``venv`` (this interpreter, its site-packages visible for
-    torch) with ``wheel`` installed into it without dependencies."""
+    torch: the base interpreter's through ``--system-site-packages``, a creating venv's through a ``.pth`` file) with
+    ``wheel`` installed into it without dependencies."""
     site = f"{venv}/lib/{PY_TAG}/site-packages"
-    return (f"{sys.executable} -m venv --without-pip --system-site-packages {venv} && "
-            f"{sys.executable} -m pip install --quiet --no-deps --no-compile --disable-pip-version-check "
-            f"--no-warn-script-location --target {site} {wheel}")
+    command = (f"{sys.executable} -m venv --without-pip --system-site-packages {venv} && "
+               f"{sys.executable} -m pip install --quiet --no-deps --no-compile --disable-pip-version-check "
+               f"--no-warn-script-location --target {site} {wheel}")
+    for n, parent in enumerate(creator_site_dirs()):
+        line = shlex.quote(f"import site; site.addsitedir({parent!r})")
+        command += f" && echo {line} > {shlex.quote(f'{site}/_ddtree_creator_{n}.pth')}"
+    return command
 
 
 def copy_refengine(site_packages: Path) -> None:
