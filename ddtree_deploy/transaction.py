@@ -54,6 +54,13 @@ class ApplyReport:
     def ok(self) -> bool:
         return self.status in ("ok", "unchanged", "dry-run")
 
+    @property
+    def went_back(self) -> bool:
+        """The host went back to ``rolled_back_to``: rolled back by the run, or settled so after a cut or Ctrl-C."""
+        settled = self.details.get("settled") or {}
+        return self.status in ("rolled-back", "rollback-failed") or \
+            (settled.get("action") or settled.get("outcome")) == "rolled-back"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host, "status": self.status, "ok": self.ok, "exit_code": self.exit_code, "message": self.message,

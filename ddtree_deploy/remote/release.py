@@ -98,10 +98,10 @@ def _recheck_base(root, state, release_id, run_id):
     state["releases"] = [r for r in state["releases"] if r["id"] != release_id]
     _save_state(root, state)
     _journal_quietly(root, "drift", run=run_id, release=release_id, at="switch", files=drift[:20])
-    raise Failure("the installed %s changed after release %s was built from snapshot %s (%d file(s) it replaces "
-                  "differ, checked again right before the switch):\n  %s\nrelease %s was removed"
-                  % (check["package"], release_id, check.get("base_snapshot") or "?", len(drift), "\n  ".join(drift[:8]),
-                     release_id), "drift")
+    snap = "snapshot %s" % check["base_snapshot"] if check.get("base_snapshot") else "its snapshot"
+    raise Failure("the installed %s changed after release %s was built from %s (%d file(s) it replaces differ, "
+                  "checked again right before the switch):\n  %s\nrelease %s was removed"
+                  % (check["package"], release_id, snap, len(drift), "\n  ".join(drift[:8]), release_id), "drift")
 
 
 def roll_back(root, target, failed=None, run_id=None, note="", spec=None, fence=None, failed_status="bad"):
