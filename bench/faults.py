@@ -32,6 +32,8 @@ import argparse
 import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -837,14 +839,50 @@ def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
              "median_s": sorted(r["seconds"])[len(r["seconds"]) // 2]} for r in rows.values()]
 
 
-def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Path) -> Path:
-    rows = summarize(trials)
-    total, held = len(trials), sum(t.held for t in trials)
+def _earlier_runs(out_dir: Path, replaced: set[str]) -> tuple[list[dict[str, Any]], list[tuple[int, Trial]]]:
+    """The runs already in faults.json and their trials of the cases this run does not redo (``--merge``): each
+    keeps the number of the run it came from, so every row says which command produced it."""
+    path = out_dir / "faults.json"
+    if not path.exists():
+        return [], []
+    old = json.loads(path.read_text())
+    runs = old.get("runs")
+    if runs is None:  # written before runs were numbered: one run, its date from the results file's first lines
+        md = (out_dir / "faults.md").read_text() if (out_dir / "faults.md").exists() else ""
+        date = re.search(r"\b(\d{4}-\d{2}-\d{2})\b", md)
+        cores = re.search(r"on (\d+) cores", md)
+        runs = [{"command": old["command"], "seconds": old["seconds"], "date": date.group(1) if date else "unknown",
+                 "cores": int(cores.group(1)) if cores else None, "trials": len(old["trials"]),
+                 "note": "Rows as first recorded; not re-run by the later runs below"}]
+    fields = {f.name for f in dataclasses.fields(Trial)}
+    kept = [(int(t.get("run", 1)), Trial(**{k: v for k, v in t.items() if k in fields}))
+            for t in old["trials"] if t["case"] not in replaced]
+    return runs, kept
+
+
+def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Path, *, merge: bool = False,
+                  note: str = "") -> Path:
+    """faults.md and faults.json for this run; with ``merge`` the rows of earlier runs for cases this run did not
+    redo are kept, each row naming the run (command, date, machine) it comes from."""
+    runs, kept = _earlier_runs(out_dir, {t.case for t in trials}) if merge else ([], [])
+    this = {"command": command, "seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "cores": os.cpu_count(), "trials": len(trials), "note": note}
+    runs = [*runs, this]
+    numbered = kept + [(len(runs), t) for t in trials]
+    everything = [t for _, t in numbered]
+    total, held = len(everything), sum(t.held for t in everything)
     md = [
-        "# Fault injection: the deploy transaction under cuts, signals, a full disk, concurrency and broken servers",
+        "# Fault injection: the deploy transaction under cuts, signals, a full disk, concurrency, broken servers, a dead "
+        "guardian, a restarted sshd, a second command and a late hotfix",
         "",
-        f"Reproduce: `{command}` (needs root: sandbox hosts). {total} trials, **{held} held**, in {seconds / 60:.1f} min "
-        f"on {os.cpu_count()} cores; {time.strftime('%Y-%m-%d', time.gmtime())}.",
+        f"{total} trials, **{held} held**, from {len(runs)} run(s) (needs root: sandbox hosts):",
+        "",
+    ]
+    for i, r in enumerate(runs, 1):
+        cores = f" on {r['cores']} cores" if r.get("cores") else ""
+        md.append(f"{i}. `{r['command']}`: {r['trials']} trials in {r['seconds'] / 60:.1f} min{cores}, {r['date']}"
+                  + (f". {r['note']}" if r.get("note") else ""))
+    md += [
         "",
         "Each trial drives the real CLI against a sandbox host (real sshd in its own mount namespace; the server is the",
         "reference engine decoding with the overlay's own DDTree runtime), injects one fault, then checks: the installed",
@@ -852,23 +890,26 @@ def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Pa
         "run reached its verdict); `probe` passes; the lock free with no stray files; and the same command run again",
         "succeeds. A cut is SIGKILL of every per-connection sshd of the host. See bench/faults.py for each case.",
         "",
-        "| case | trials | held | points | exit codes | median s |",
-        "|---|---:|---:|---|---|---:|",
+        "| case | run | trials | held | points | exit codes | median s |",
+        "|---|---:|---:|---:|---|---|---:|",
     ]
-    for r in rows:
-        pts = ", ".join(str(p) for p in r["points"])
-        md.append(f"| {r['case']} | {r['trials']} | {r['held']} | {pts} | {', '.join(map(str, r['exit_codes']))} | {r['median_s']:.1f} |")
-    failed = [t for t in trials if not t.held]
+    for run_no in range(1, len(runs) + 1):
+        for r in summarize([t for n, t in numbered if n == run_no]):
+            pts = ", ".join(str(p) for p in r["points"])
+            md.append(f"| {r['case']} | {run_no} | {r['trials']} | {r['held']} | {pts} | "
+                      f"{', '.join(map(str, r['exit_codes']))} | {r['median_s']:.1f} |")
+    failed = [t for t in everything if not t.held]
     md += ["", "## Trials that did not hold", ""] + ([f"- {t.case} at {t.point}: {json.dumps(t.checks)} — {t.message}" for t in failed]
                                                      or ["none"])
-    hang = [t for t in trials if t.case == "hang-start"]
+    hang = [t for t in everything if t.case == "hang-start"]
     if hang:
         md += ["", f"Wedged start (log silent, /health failing) detected by the no-progress rule "
                    f"(start-up budget 60 s): {hang[0].notes.get('failure', '')}"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "faults.md").write_text("\n".join(md) + "\n")
-    (out_dir / "faults.json").write_text(json.dumps({"command": command, "seconds": round(seconds, 1),
-                                                    "trials": [dataclasses.asdict(t) for t in trials]}, indent=1, default=str))
+    (out_dir / "faults.json").write_text(json.dumps({
+        "command": command, "seconds": round(seconds, 1), "runs": runs,
+        "trials": [{**dataclasses.asdict(t), "run": n} for n, t in numbered]}, indent=1, default=str))
     return out_dir / "faults.md"
 
 
@@ -881,6 +922,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=("refengine", "standin"), default="refengine",
                    help="the host's server: the reference engine (real decoding) or the tests' stand-in (faster)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the earlier runs' rows of the cases this run does not redo (each row names its run)")
+    p.add_argument("--note", default="", help="a sentence about this run for the results file (e.g. why it is reduced)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="ddtree-faults-"))
@@ -898,8 +942,8 @@ def main(argv: list[str] | None = None) -> int:
         box.down()
         shutil.rmtree(tmp, ignore_errors=True)
     cmd = "make faults" if not args.cases and not args.short and args.trials == 20 else \
-        "python bench/faults.py " + " ".join(a for a in (argv or sys.argv[1:]))
-    path = write_results(trials, cmd, time.monotonic() - t0, args.out)
+        "python bench/faults.py " + shlex.join(argv or sys.argv[1:])
+    path = write_results(trials, cmd, time.monotonic() - t0, args.out, merge=args.merge, note=args.note)
     held = sum(t.held for t in trials)
     print(f"{held}/{len(trials)} trials held; {path}")
     return 0 if held == len(trials) else 1
