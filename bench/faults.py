@@ -21,8 +21,15 @@ A trial "held" when every check passed. Faults:
   apply+apply, apply+stop   a second apply, or `server stop`, while an apply probes
   crash/exit/hang-start     a release whose server crashes (traceback), exits silently, or wedges at start
   corrupt-blob  a blob of the snapshot store corrupted before apply
+  guardian-killed           SIGKILL of the run's host-side lock holder at six moments (the CLI settles the host)
+  sshd-restart[+guardian]   the host's sshd restarted during the probe; the guardian lives on (or dies with it)
+  disk-after-switch[+cut]   the release root filled to the last byte once `current` moved (a failing release, so
+                            the run rolls back on the full disk; or a cut, so the guardian does)
+  rollback-break-lock       `rollback --break-lock` while an apply probes a slow-starting release
+  hotfix-at-build           a replaced file edited on the host while the build is held at build:verified
 
-Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json.
+Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json
+(``--cases ... --merge`` reruns some cases and keeps the other rows, each naming the run it comes from).
 The test suite runs a short form (tests/test_faults.py, one trial of a selection).
 """
 
@@ -913,6 +920,19 @@ def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Pa
     return out_dir / "faults.md"
 
 
+def _without_note(argv: list[str]) -> list[str]:
+    """The command line as the results file records it: --note goes into the run's own line, not the command."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--note":
+            skip = True
+        elif not a.startswith("--note="):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=20, help="trials of the mid-push cut (at least 20); other cases scale")
@@ -942,7 +962,7 @@ def main(argv: list[str] | None = None) -> int:
         box.down()
         shutil.rmtree(tmp, ignore_errors=True)
     cmd = "make faults" if not args.cases and not args.short and args.trials == 20 else \
-        "python bench/faults.py " + shlex.join(argv or sys.argv[1:])
+        "python bench/faults.py " + shlex.join(_without_note(argv or sys.argv[1:]))
     path = write_results(trials, cmd, time.monotonic() - t0, args.out, merge=args.merge, note=args.note)
     held = sum(t.held for t in trials)
     print(f"{held}/{len(trials)} trials held; {path}")
