@@ -21,8 +21,15 @@ A trial "held" when every check passed. Faults:
   apply+apply, apply+stop   a second apply, or `server stop`, while an apply probes
   crash/exit/hang-start     a release whose server crashes (traceback), exits silently, or wedges at start
   corrupt-blob  a blob of the snapshot store corrupted before apply
+  guardian-killed           SIGKILL of the run's host-side lock holder at six moments (the CLI settles the host)
+  sshd-restart[+guardian]   the host's sshd restarted during the probe; the guardian lives on (or dies with it)
+  disk-after-switch[+cut]   the release root filled to the last byte once `current` moved (a failing release, so
+                            the run rolls back on the full disk; or a cut, so the guardian does)
+  rollback-break-lock       `rollback --break-lock` while an apply probes a slow-starting release
+  hotfix-at-build           a replaced file edited on the host while the build is held at build:verified
 
-Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json.
+Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json
+(``--cases ... --merge`` reruns some cases and keeps the other rows, each naming the run it comes from).
 The test suite runs a short form (tests/test_faults.py, one trial of a selection).
 """
 
@@ -32,6 +39,8 @@ import argparse
 import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -60,14 +69,18 @@ LINES = {"push": "pushing ", "switched": "switched current", "restart": "restart
 #: Faulty runtimes: appended to the vendored DDTree runtime's __init__.py; they fire only inside the server (the
 #: reference engine), not in the probe's own import of the runtime, so they fail at start like a broken release.
 #: The same faults for the test stand-in server (tests/standin), read from a file the runtime carries.
-STANDIN_MODES = {"crash": "crash", "exit": "exit", "hang": "wedge"}
+STANDIN_MODES = {"crash": "crash", "exit": "exit", "hang": "wedge", "slow": "slowload"}
 VARIANTS = {
     "a": "# fault suite: variant a\n",
     "b": "# fault suite: variant b\n",
     "crash": "import sys as _s\nif 'ddtree_refengine' in _s.modules:\n    raise RuntimeError('fault suite: scripted crash at start')\n",
     "exit": "import sys as _s, os as _o\nif 'ddtree_refengine' in _s.modules:\n    _o._exit(3)\n",
     "hang": "import sys as _s, time as _t\nif 'ddtree_refengine' in _s.modules:\n    _t.sleep(10 ** 6)\n",
+    # a good release whose server takes SLOW_START s to come up, logging as it loads (a second command meets its probe)
+    "slow": "import sys as _s, time as _t\nif 'ddtree_refengine' in _s.modules:\n    for _i in range(24):\n"
+            "        _s.stderr.write('fault suite: loading %d/24\\n' % _i); _s.stderr.flush(); _t.sleep(0.5)\n",
 }
+SLOW_START = 12.0
 
 
 @dataclass
@@ -143,10 +156,11 @@ class FaultBench:
     """The suite's host (a copy of the sandbox base host with its own release root and server port) and its faults."""
 
     def __init__(self, sandbox_host: SandboxHost, base: Host, work: Path, log: Callable[[str], None] = print,
-                 engine: str = "refengine") -> None:
+                 engine: str = "refengine", box: Sandbox | None = None) -> None:
         """``engine``: the server the host runs: "refengine" (the reference engine: real decoding with the overlay's
-        runtime; `make faults`) or "standin" (tests/standin: starts in a fraction of the time; the short form)."""
-        self.sbox, self.work, self.log, self.engine = sandbox_host, Path(work), log, engine
+        runtime; `make faults`) or "standin" (tests/standin: starts in a fraction of the time; the short form).
+        ``box``: the sandbox the host belongs to (the sshd-restart faults start its sshd again)."""
+        self.sbox, self.work, self.log, self.engine, self.box = sandbox_host, Path(work), log, engine, box
         self.work.mkdir(parents=True, exist_ok=True)
         self.inventory = self.work / "hosts"
         if engine == "standin":
@@ -154,13 +168,14 @@ class FaultBench:
 
             install_standin(base)
             base = dataclasses.replace(base, server=dict(
-                base.server, command="{python} " + STANDIN_PATH + " --host {host} --port {port} {ddtree_flags}"))
+                base.server, command="{python} " + STANDIN_PATH + f" --host {{host}} --port {{port}} --load-seconds {SLOW_START:g} {{ddtree_flags}}"))
         self.stall = 2.0 if engine == "standin" else 6.0  # the stand-in logs its start at once: 2 s of silence is a wedge
         self.host = self._host(base, "faults", _free_port(exclude={sandbox_host.server_port, sandbox_host.ssh_port}))
         self.env = {**os.environ, "DDTREE_INVENTORY": str(self.inventory), "DDTREE_SNAPSHOTS": str(self.work / "snapshots"),
                     "COLUMNS": "200", "PYTHONUNBUFFERED": "1", "DDTREE_LEASE_TIMEOUT": "20"}
         self.patchsets = {name: self._variant(name, code) for name, code in VARIANTS.items()}
         self.manifest: dict[str, Any] | None = None
+        self._private_roots: set[str] = set()  # hosts whose release root is mounted inside their namespace only
         self.digests: dict[str, str] = {}  # overlay digest -> variant
 
     # -- setup -------------------------------------------------------------------------------------------------------
@@ -205,7 +220,9 @@ class FaultBench:
         store = SnapshotStore(Path(self.env["DDTREE_SNAPSHOTS"]))
         base = SnapshotBase(store.latest(self.host.name), store=store)
         for name, path in self.patchsets.items():
-            self.digests[build_overlay(load_patchset(path), base).digest] = name
+            overlay = build_overlay(load_patchset(path), base)
+            self.digests[overlay.digest] = name
+            self.replaced = sorted(f.path for f in overlay.files if f.action == "replace")
 
     def teardown(self) -> None:
         self._remove_root(self.host)
@@ -261,6 +278,49 @@ class FaultBench:
                 pass
         return len(kids)
 
+    def _local(self, host: Host | None, path: str) -> Path:
+        """A host path as seen from here (the host's private tree is the sandbox's directory)."""
+        return self.sbox.fs / Path(path).relative_to(HOST_ROOT)
+
+    def kill_guardian(self, host: Host | None = None) -> int | None:
+        """SIGKILL the host-side holder of the lock (the run's guardian); its pid is in the lock record."""
+        h = host or self.host
+        try:
+            pid = json.loads(self._local(h, h.release_root + "/lock").read_text())["holder_pid"]
+        except (OSError, ValueError, KeyError):
+            return None
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            return None
+        return int(pid)
+
+    def restart_sshd(self, *, kill_guardian: bool = False) -> None:
+        """The host's sshd restarted: the listener and every per-connection sshd stopped (SIGTERM: every session's
+        channel dies), then a new listener on the same port. ``kill_guardian``: the restart takes the run's guardian
+        along (a unit that kills its whole control group)."""
+        if self.box is None:
+            raise RuntimeError("restart_sshd needs the sandbox (FaultBench(box=...))")
+        if kill_guardian:
+            self.kill_guardian()
+        kids = subprocess.run(["pgrep", "-P", str(self.sbox.pid)], capture_output=True, text=True).stdout.split()
+        for pid in [*kids, str(self.sbox.pid)]:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and Path(f"/proc/{self.sbox.pid}").exists():
+            try:
+                os.waitpid(self.sbox.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.02)
+        self.box._start_sshd(self.sbox)
+        state = self.box.load_state()
+        state.hosts[self.sbox.name].pid = self.sbox.pid
+        self.box.save_state(state)
+
     def pause_at(self, point: str, host: Host | None = None) -> None:
         h = host or self.host
         with HostConnection(h) as conn:
@@ -268,18 +328,29 @@ class FaultBench:
 
     def wait_paused(self, timeout: float = 60.0, host: Host | None = None) -> bool:
         """Wait until the host's remote step reached the paused point (the file lives on the host's private tree,
-        seen here through the sandbox's directory)."""
+        seen here through the sandbox's directory; a release root mounted inside the host's namespace, the tmpfs of
+        the disk host, is looked at over SSH)."""
         h = host or self.host
         reached = self.sbox.fs / Path(h.release_root).relative_to(HOST_ROOT) / ".fault-reached"
         deadline = time.monotonic() + timeout
-        while not reached.exists():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
+        private = h.name in self._private_roots
+        conn = HostConnection(h) if private else None
+        try:
+            while not (conn.run(f"test -e {h.release_root}/.fault-reached", check=False).ok if conn else reached.exists()):
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.005)
+        finally:
+            if conn is not None:
+                conn.close()
         return True
 
     def resume(self, host: Host | None = None) -> None:
         h = host or self.host
+        if h.name in self._private_roots:
+            with HostConnection(h) as conn:
+                conn.run(f"rm -f {h.release_root}/.fault-points {h.release_root}/.fault-reached")
+            return
         local = self.sbox.fs / Path(h.release_root).relative_to(HOST_ROOT)
         (local / ".fault-points").unlink(missing_ok=True)
         (local / ".fault-reached").unlink(missing_ok=True)
@@ -515,6 +586,7 @@ class FaultBench:
             self._remove_root(h)
             with HostConnection(h) as conn:
                 conn.run(f"mkdir -p {h.release_root} && mount -t tmpfs -o size=256m tmpfs {h.release_root}")
+            self._private_roots.add(h.name)
             run = self.apply("a", host=h)
             if run.finish() != 0:
                 raise RuntimeError(f"fault suite: first apply on the tmpfs host failed:\n{run.text[-3000:]}")
@@ -548,6 +620,154 @@ class FaultBench:
         if hasattr(self, "_disk"):
             self._remove_root(self._disk)
 
+    # -- harder faults: a dead guardian, sshd restarted, the disk full after the switch, a second command, a hotfix ---
+    def _fault_run(self, point: str, inject: Callable[[], Any], variant: str, *extra: str,
+                   host: Host | None = None) -> tuple[Cli, int]:
+        """Apply ``variant``, reach ``point`` (a host-side pause or a CLI line), ``inject`` the fault, let it go on."""
+        h = host or self.host
+        if ":" in point:
+            self.pause_at(point, h)
+        run = self.apply(variant, *extra, host=h)
+        if ":" in point:
+            if not self.wait_paused(host=h):
+                raise RuntimeError(f"fault point {point} was never reached:\n{run.text[-2000:]}")
+        else:
+            self._reach(run, point)
+        inject()
+        self.resume(h)
+        return run, run.finish()
+
+    def guardian_killed(self, point: str) -> Trial:
+        """SIGKILL of the run's guardian at ``point``: the CLI sees its lease end within seconds, settles the host
+        itself (back to the last good release, server restarted there, `pending` cleared, the dead lock removed) and
+        says so, instead of waiting for a guardian that is gone."""
+        variant = self.next_variant()
+        took: dict[str, float] = {}
+
+        def fault() -> tuple[int | None, str, bool]:
+            def inject() -> None:
+                if self.kill_guardian() is None:
+                    raise RuntimeError("no guardian to kill")
+                took["killed"] = time.monotonic()
+            run, code = self._fault_run(point, inject, variant)
+            took["ended"] = time.monotonic()
+            said["text"] = run.text
+            return code, run.text, code == 0
+
+        said: dict[str, str] = {}
+        trial = self.trial("guardian-killed", point, fault, rerun=self._rerun(variant))
+        text = said.get("text", "")
+        trial.notes["detected_s"] = round(took.get("ended", 0) - took.get("killed", 0), 2)
+        trial.checks["no-false-wait"] = "settles the run on its own" not in text and trial.notes["detected_s"] < 30
+        trial.held = all(trial.checks.values())
+        return trial
+
+    def sshd_restarted(self, point: str, *, guardian_dies: bool) -> Trial:
+        """The host's sshd restarted at ``point`` of the probe: the run's SSH session dies; its guardian either lives
+        (it settles the run itself) or dies with it (the CLI settles the host once it is back)."""
+        variant = self.next_variant()
+
+        def fault() -> tuple[int | None, str, bool]:
+            run, code = self._fault_run(point, lambda: self.restart_sshd(kill_guardian=guardian_dies), variant)
+            said["text"] = run.text
+            return code, run.text, code == 0
+
+        said: dict[str, str] = {}
+        case = "sshd-restart+guardian" if guardian_dies else "sshd-restart"
+        trial = self.trial(case, point, fault, rerun=self._rerun(variant))
+        text = said.get("text", "")
+        trial.checks["no-false-wait"] = "settles the run on its own" not in text
+        trial.held = all(trial.checks.values())
+        return trial
+
+    def disk_full_after_switch(self, point: str, *, cut: bool) -> Trial:
+        """The release root's disk filled to the last byte once `current` moved (at ``point``). Without a cut the new
+        release fails at start (the "crash" variant), so the run itself rolls back on the full disk; with a cut the
+        guardian does. Either way: back on the last good release, nothing pending, the server serving it."""
+        h = self.disk_host()
+        good = self.next_variant(h)
+        variant = good if cut else "crash"
+        filler = f"{h.release_root}/.filler"
+
+        def fill() -> None:
+            with HostConnection(h) as conn:
+                conn.run(f"rm -f {filler}; avail=$(( $(stat -f -c '%a*%S' {h.release_root}) )); "
+                         f"fallocate -l $(( avail > 0 ? avail : 1 )) {filler}", check=False)
+            if cut:
+                self.cut()
+
+        def fault() -> tuple[int | None, str, bool]:
+            try:
+                run, code = self._fault_run(point, fill, variant, "--force", host=h)
+            finally:
+                self.wait_unlocked(h)
+                with HostConnection(h) as conn:
+                    conn.run(f"rm -f {filler}")
+            said["text"] = run.text
+            return code, run.text, code == 0
+
+        said: dict[str, str] = {}
+        trial = self.trial("disk-after-switch+cut" if cut else "disk-after-switch", point, fault, host=h,
+                           rerun=lambda: self.apply(good, host=h))
+        text = said.get("text", "")
+        trial.notes["said"] = text[-1500:]
+        # the run says where the host ended (the stand-in's scripted crash puts a traceback of its own in the log tail)
+        trial.checks["says-where"] = "internal error" not in text and ("rolled back" in text or trial.exit_code == 0)
+        trial.held = all(trial.checks.values())
+        return trial
+
+    def break_lock_mid_probe(self, point: str = "restart+0.5") -> Trial:
+        """`rollback --break-lock` while an apply probes its release (one whose server takes SLOW_START s to come up):
+        the rollback settles the apply (its release rolled back, the last good one restarted) and does nothing more:
+        no second rollback, nothing marked bad that passed its probe."""
+        variant = self.next_variant()
+        said: dict[str, str] = {}
+
+        def fault() -> tuple[int | None, str, bool]:
+            run = self.apply("slow")
+            self._reach(run, point)
+            back = self.cli("rollback", self.host.name, "--break-lock")
+            code = back.finish()
+            run.finish()
+            said["rollback"], said["apply"] = back.text, run.text
+            return code, back.text + run.text, code == 0
+
+        trial = self.trial("rollback-break-lock", f"during the probe ({point})", fault, rerun=self._rerun(variant))
+        st = self.show()["state"]
+        before = trial.notes.get("before")
+        rel = next((r for r in st["releases"] if r["id"] == before), {})
+        trial.checks["good-kept"] = before is not None and rel.get("status") == "good" and before not in st["bad"]
+        trial.checks["said-settled"] = "settling the run" in said.get("rollback", "")
+        trial.held = all(trial.checks.values())
+        return trial
+
+    def hotfix_at_build(self) -> Trial:
+        """A hotfix to a file the overlay replaces lands while the build is held at build:verified (after the
+        host-side drift check): the switch's last look finds it, stops the deploy and names the file."""
+        variant = self.next_variant()
+        path = self.replaced[0]
+        local = self._local(self.host, f"{self.host.site_packages}/{path}")
+        backup = self.work / "hotfix-backup"
+        said: dict[str, str] = {}
+
+        def fault() -> tuple[int | None, str, bool]:
+            shutil.copy2(local, backup)
+            try:
+                def hotfix() -> None:
+                    with open(local, "a") as fh:
+                        fh.write("\n# a hotfix on the host\n")
+                run, code = self._fault_run("build:verified", hotfix, variant)
+            finally:
+                shutil.copy2(backup, local)
+            said["text"] = run.text
+            return code, run.text, False
+
+        trial = self.trial("hotfix-at-build", "build:verified", fault, rerun=self._rerun(variant))
+        text = said.get("text", "")
+        trial.checks["refused-naming-file"] = trial.exit_code == 1 and path in text and "changed after release" in text
+        trial.held = all(trial.checks.values())
+        return trial
+
 
 def _size(n: int) -> str:
     for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
@@ -563,8 +783,13 @@ CUT_POINTS = ["plan+0", "push+0", "build:verified", "build:linked", "build:commi
               "startup+1.0", "generation+0", "generation+0.1", "finish:start", "push+0.02", "switched+0.05", "restart+1.5"]
 SIGNAL_POINTS = ["plan+0", "build:linked", "switch:pending", "server:restart", "startup+0.3", "generation+0", "finish:start"]
 DISK_FREE = [0, 16 << 10, 256 << 10, 4 << 20]
+#: The harder faults: moments a guardian is killed at, sshd restarts during the probe, a full disk after the switch.
+GUARDIAN_POINTS = ["build:linked", "switch:pending", "server:restart", "startup+0.3", "generation+0", "finish:start"]
+SSHD_POINTS = ["server:restart", "startup+0.3", "generation+0"]
+DISK_AFTER_POINTS = ["switch:flipped", "server:restart", "startup+0"]
 SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
     "cut": ["switch:pending"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
+    "guardian": ["startup+0.3"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
 }
 
 
@@ -589,7 +814,21 @@ def run_suite(bench: FaultBench, trials: int, cases: set[str] | None = None, sho
         out += [bench.corrupt_blob() for _ in range(each)]
     if want("disk"):
         out += [bench.disk_full(s) for _ in range(each) for s in (SHORT["disk"] if short else DISK_FREE)]
-        bench.teardown_disk()
+    # the harder faults: each at every one of its moments, ``each`` times
+    if want("guardian"):
+        out += [bench.guardian_killed(p) for _ in range(each) for p in (SHORT["guardian"] if short else GUARDIAN_POINTS)]
+    if want("sshd"):
+        points = SHORT["sshd"] if short else SSHD_POINTS
+        out += [bench.sshd_restarted(p, guardian_dies=False) for _ in range(each) for p in points]
+        out += [bench.sshd_restarted(p, guardian_dies=True) for _ in range(each) for p in points]
+    if want("disk-after"):
+        points = SHORT["disk-after"] if short else DISK_AFTER_POINTS
+        out += [bench.disk_full_after_switch(p, cut=c) for _ in range(each) for c in (False, True) for p in points]
+    if want("break-lock"):
+        out += [bench.break_lock_mid_probe() for _ in range(each)]
+    if want("hotfix"):
+        out += [bench.hotfix_at_build() for _ in range(each)]
+    bench.teardown_disk()
     return out
 
 
@@ -607,14 +846,50 @@ def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
              "median_s": sorted(r["seconds"])[len(r["seconds"]) // 2]} for r in rows.values()]
 
 
-def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Path) -> Path:
-    rows = summarize(trials)
-    total, held = len(trials), sum(t.held for t in trials)
+def _earlier_runs(out_dir: Path, replaced: set[str]) -> tuple[list[dict[str, Any]], list[tuple[int, Trial]]]:
+    """The runs already in faults.json and their trials of the cases this run does not redo (``--merge``): each
+    keeps the number of the run it came from, so every row says which command produced it."""
+    path = out_dir / "faults.json"
+    if not path.exists():
+        return [], []
+    old = json.loads(path.read_text())
+    runs = old.get("runs")
+    if runs is None:  # written before runs were numbered: one run, its date from the results file's first lines
+        md = (out_dir / "faults.md").read_text() if (out_dir / "faults.md").exists() else ""
+        date = re.search(r"\b(\d{4}-\d{2}-\d{2})\b", md)
+        cores = re.search(r"on (\d+) cores", md)
+        runs = [{"command": old["command"], "seconds": old["seconds"], "date": date.group(1) if date else "unknown",
+                 "cores": int(cores.group(1)) if cores else None, "trials": len(old["trials"]),
+                 "note": "Rows as first recorded; not re-run by the later runs below"}]
+    fields = {f.name for f in dataclasses.fields(Trial)}
+    kept = [(int(t.get("run", 1)), Trial(**{k: v for k, v in t.items() if k in fields}))
+            for t in old["trials"] if t["case"] not in replaced]
+    return runs, kept
+
+
+def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Path, *, merge: bool = False,
+                  note: str = "") -> Path:
+    """faults.md and faults.json for this run; with ``merge`` the rows of earlier runs for cases this run did not
+    redo are kept, each row naming the run (command, date, machine) it comes from."""
+    runs, kept = _earlier_runs(out_dir, {t.case for t in trials}) if merge else ([], [])
+    this = {"command": command, "seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "cores": os.cpu_count(), "trials": len(trials), "note": note}
+    runs = [*runs, this]
+    numbered = kept + [(len(runs), t) for t in trials]
+    everything = [t for _, t in numbered]
+    total, held = len(everything), sum(t.held for t in everything)
     md = [
-        "# Fault injection: the deploy transaction under cuts, signals, a full disk, concurrency and broken servers",
+        "# Fault injection: the deploy transaction under cuts, signals, a full disk, concurrency, broken servers, a dead "
+        "guardian, a restarted sshd, a second command and a late hotfix",
         "",
-        f"Reproduce: `{command}` (needs root: sandbox hosts). {total} trials, **{held} held**, in {seconds / 60:.1f} min "
-        f"on {os.cpu_count()} cores; {time.strftime('%Y-%m-%d', time.gmtime())}.",
+        f"{total} trials, **{held} held**, from {len(runs)} run(s) (needs root: sandbox hosts):",
+        "",
+    ]
+    for i, r in enumerate(runs, 1):
+        cores = f" on {r['cores']} cores" if r.get("cores") else ""
+        md.append(f"{i}. `{r['command']}`: {r['trials']} trials in {r['seconds'] / 60:.1f} min{cores}, {r['date']}"
+                  + (f". {r['note']}" if r.get("note") else ""))
+    md += [
         "",
         "Each trial drives the real CLI against a sandbox host (real sshd in its own mount namespace; the server is the",
         "reference engine decoding with the overlay's own DDTree runtime), injects one fault, then checks: the installed",
@@ -622,34 +897,54 @@ def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Pa
         "run reached its verdict); `probe` passes; the lock free with no stray files; and the same command run again",
         "succeeds. A cut is SIGKILL of every per-connection sshd of the host. See bench/faults.py for each case.",
         "",
-        "| case | trials | held | points | exit codes | median s |",
-        "|---|---:|---:|---|---|---:|",
+        "| case | run | trials | held | points | exit codes | median s |",
+        "|---|---:|---:|---:|---|---|---:|",
     ]
-    for r in rows:
-        pts = ", ".join(str(p) for p in r["points"])
-        md.append(f"| {r['case']} | {r['trials']} | {r['held']} | {pts} | {', '.join(map(str, r['exit_codes']))} | {r['median_s']:.1f} |")
-    failed = [t for t in trials if not t.held]
+    for run_no in range(1, len(runs) + 1):
+        for r in summarize([t for n, t in numbered if n == run_no]):
+            pts = ", ".join(str(p) for p in r["points"])
+            md.append(f"| {r['case']} | {run_no} | {r['trials']} | {r['held']} | {pts} | "
+                      f"{', '.join(map(str, r['exit_codes']))} | {r['median_s']:.1f} |")
+    failed = [t for t in everything if not t.held]
     md += ["", "## Trials that did not hold", ""] + ([f"- {t.case} at {t.point}: {json.dumps(t.checks)} — {t.message}" for t in failed]
                                                      or ["none"])
-    hang = [t for t in trials if t.case == "hang-start"]
+    hang = [t for t in everything if t.case == "hang-start"]
     if hang:
         md += ["", f"Wedged start (log silent, /health failing) detected by the no-progress rule "
                    f"(start-up budget 60 s): {hang[0].notes.get('failure', '')}"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "faults.md").write_text("\n".join(md) + "\n")
-    (out_dir / "faults.json").write_text(json.dumps({"command": command, "seconds": round(seconds, 1),
-                                                    "trials": [dataclasses.asdict(t) for t in trials]}, indent=1, default=str))
+    (out_dir / "faults.json").write_text(json.dumps({
+        "command": command, "seconds": round(seconds, 1), "runs": runs,
+        "trials": [{**dataclasses.asdict(t), "run": n} for n, t in numbered]}, indent=1, default=str))
     return out_dir / "faults.md"
+
+
+def _without_note(argv: list[str]) -> list[str]:
+    """The command line as the results file records it: --note goes into the run's own line, not the command."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--note":
+            skip = True
+        elif not a.startswith("--note="):
+            out.append(a)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=20, help="trials of the mid-push cut (at least 20); other cases scale")
-    p.add_argument("--cases", default="", help="comma-separated subset: cut-push,cut,sigint,sigkill,server,concurrent,corrupt,disk")
+    p.add_argument("--cases", default="", help="comma-separated subset: cut-push,cut,sigint,sigkill,server,concurrent,"
+                   "corrupt,disk,guardian,sshd,disk-after,break-lock,hotfix")
     p.add_argument("--short", action="store_true", help="the short selection the test suite runs")
     p.add_argument("--engine", choices=("refengine", "standin"), default="refengine",
                    help="the host's server: the reference engine (real decoding) or the tests' stand-in (faster)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the earlier runs' rows of the cases this run does not redo (each row names its run)")
+    p.add_argument("--note", default="", help="a sentence about this run for the results file (e.g. why it is reduced)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="ddtree-faults-"))
@@ -658,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
         state = box.up(DEFAULT_HOSTS[:1])
         sbox = state.hosts[DEFAULT_HOSTS[0][0]]
         base = load_host_file(Path(sbox.inventory_file))
-        bench = FaultBench(sbox, base, tmp / "work", engine=args.engine)
+        bench = FaultBench(sbox, base, tmp / "work", engine=args.engine, box=box)
         print("setting up: first apply on the fault host")
         bench.setup()
         trials = run_suite(bench, args.trials, set(filter(None, args.cases.split(","))) or None, args.short)
@@ -667,8 +962,8 @@ def main(argv: list[str] | None = None) -> int:
         box.down()
         shutil.rmtree(tmp, ignore_errors=True)
     cmd = "make faults" if not args.cases and not args.short and args.trials == 20 else \
-        "python bench/faults.py " + " ".join(a for a in (argv or sys.argv[1:]))
-    path = write_results(trials, cmd, time.monotonic() - t0, args.out)
+        "python bench/faults.py " + shlex.join(_without_note(argv or sys.argv[1:]))
+    path = write_results(trials, cmd, time.monotonic() - t0, args.out, merge=args.merge, note=args.note)
     held = sum(t.held for t in trials)
     print(f"{held}/{len(trials)} trials held; {path}")
     return 0 if held == len(trials) else 1

@@ -112,9 +112,8 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
             return report
         stage = probe.failed_stage
         why = f"probe stage {stage.name} failed: {stage.detail}" if stage else "probe failed"
-        progress(f"{host.name}: {why}; rolling back")
         t = time.monotonic()
-        _roll_back(run, report, failed=pushed.release_id, why=why, server_ran_failed=restarted)
+        _roll_back(run, report, failed=pushed.release_id, why=why, server_ran_failed=restarted, progress=progress)
         timings["rollback"] = time.monotonic() - t
         return report
 
@@ -140,7 +139,8 @@ def _unchanged(run: Run, overlay: Overlay, progress: Progress) -> ApplyReport | 
                                "(no new release, no restart; --force redoes it)")
 
 
-def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_ran_failed: bool) -> None:
+def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_ran_failed: bool,
+               progress: Progress = _quiet) -> None:
     """Switch back to the previous good release, mark ``failed`` bad, restart if needed, re-probe; fill ``report``."""
     mgr, ctl, host = run.mgr, run.ctl, run.host
     state = mgr.show()["state"]
@@ -150,10 +150,12 @@ def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_r
     mgr.roll_back(target, failed=failed, note=why[:500], spec=server_spec(host) if needs_restart else None,
                   timeout=float(host.server.get("stop_timeout", 20.0)) + 90)
     report.rolled_back_to = target
+    where = f"release {target}" if target else "the installed package (no overlay)"
+    # said once the host did it (this run still held the lock): a run the host gave up never prints it
+    progress(f"{host.name}: {why}; rolled back to {where}; probing it")
     mgr.stage = "probe after rollback"
     second = run.prober.run(target, label="after rollback")
     report.rollback_probe = second
-    where = f"release {target}" if target else "the installed package (no overlay)"
     mgr.stage = "finish"
     if second.ok:
         report.status = "rolled-back"

@@ -54,8 +54,12 @@ def _guarded(action: Callable[[Host], ApplyReport], host: Host) -> ApplyReport:
         return action(host)
     except DeployError as exc:
         status = "unreachable" if exc.exit_code == 3 else "refused"
+        # a cut or interrupted run carries how its host was settled: the recap keeps where it went back to
+        settled = getattr(exc, "outcome", None) or {}
+        back = (settled.get("action") or settled.get("outcome")) == "rolled-back"
         return ApplyReport(host.name, status, message=str(exc), exit_code=exc.exit_code,
-                           timings={"total": time.monotonic() - t})
+                           rolled_back_to=settled.get("to") if back else None,
+                           timings={"total": time.monotonic() - t}, details={"settled": settled} if settled else {})
 
 
 def rollout(hosts: list[Host], action: Callable[[Host], ApplyReport], *, max_parallel: int = 4, max_fail: int = 0,

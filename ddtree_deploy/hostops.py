@@ -60,23 +60,34 @@ def rollback(host: Host, *, to: str | None = None, to_installed: bool = False, b
         return ApplyReport(host.name, "dry-run", release=target, previous=active, rolled_back_to=target,
                            message="would " + "; ".join(lines), details={"summary": lines})
     with run_on_host(host, "ddtree-deploy rollback", break_lock=break_lock, progress=progress) as run:
+        # the target is chosen only now, after settling a run that was still under way (an apply probing a release
+        # when --break-lock took its lock over): that settle already rolled the unprobed release back
         state = run.state
         active = state["active"]
-        target = _rollback_target(host, state, to=to, to_installed=to_installed, force=force)
-        run.mgr.roll_back(target, failed=active, note="rolled back by hand", spec=server_spec(host),
-                          timeout=float(host.server.get("stop_timeout", 20.0)) + 90)
-        report = ApplyReport(host.name, "ok", release=target, previous=active, rolled_back_to=target,
+        settled = run.settled_outcome or {}
+        undone = settled.get("action") == "rolled-back" and settled.get("release") != active
+        if undone and to is None and not to_installed:
+            # what was asked for is done: the release being probed is out, the last good one back and serving
+            target, left = active, settled.get("release")
+        else:
+            target = _rollback_target(host, state, to=to, to_installed=to_installed, force=force)
+            # the release the settle put back passed its probe: leaving it now is no verdict on it
+            run.mgr.roll_back(target, failed=None if undone else active, note="rolled back by hand",
+                              spec=server_spec(host), timeout=float(host.server.get("stop_timeout", 20.0)) + 90)
+            left = active
+        report = ApplyReport(host.name, "ok", release=target, previous=left, rolled_back_to=target,
                              details={"reconciled": run.settled} if run.settled else {})
         run.mgr.stage = "probe after rollback"
         report.probe = run.prober.run(target, label="after rollback")
         if report.probe.ok:
-            report.message = f"rolled back from {active or 'the installed package'} to {target or 'the installed package'}"
+            how = " (by settling the run that was probing it)" if target == active else ""
+            report.message = f"rolled back from {left or 'the installed package'} to {target or 'the installed package'}{how}"
         else:
             report.status = "rollback-failed"
             report.exit_code = EXIT_FAILED
             report.message = f"ROLLED BACK TO {target or 'the installed package'} BUT ITS PROBE FAILED — the host needs attention"
         run.mgr.finish(target if report.probe.ok else None, "good" if report.probe.ok and target else None, "rollback",
-                       **{"from": active, "to": target, "outcome": report.status, "forced": force or None})
+                       **{"from": left, "to": target, "outcome": report.status, "forced": force or None})
         return report
 
 

@@ -27,6 +27,9 @@ from .lease import Lease, describe_holder, owner_record, tool_gone_here
 from .transport import HostConnection
 
 _CHUNK = 1 << 16
+_DRIFT_HINT = ("take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch set is applied to "
+               "what is installed now; --allow-base-drift pushes the old files anyway (the host's changes to them are "
+               "then not in the release)")
 
 
 class LockHeld(OperationFailed):
@@ -121,6 +124,7 @@ class ReleaseManager:
         """Take the host lock (held by a guardian on the host: see Lease) or raise LockHeld naming the owner and
         saying whether that owner is gone. A lock the host is still settling after its run vanished is waited for
         up to ``wait`` seconds."""
+        self._lock_args = (command, guard)
         deadline = time.monotonic() + wait
         while True:
             lease = Lease(self.conn, owner_record(self.run_id, command), guard)
@@ -152,20 +156,55 @@ class ReleaseManager:
         )
 
     def release_lock(self) -> dict[str, Any] | None:
+        """End of the run: the guardian releases the lock. A guardian that died under us cannot: this run then
+        settles the host itself (see settle_dead_lease)."""
         lease, self.lease = self.lease, None
-        return lease.release() if lease is not None else None
+        if lease is None:
+            return None
+        if lease.lost:
+            lease.forget()
+            return {"settled": self.settle_dead_lease(lease.lost)[0]}
+        return lease.release()
 
     def abandon(self, why: str) -> dict[str, Any] | None:
         """Hand the run to the host's guardian (an interruption): it rolls back what is pending and unlocks."""
         lease, self.lease = self.lease, None
+        if lease is not None and lease.lost:
+            lease.forget()
+            message, outcome = self.settle_dead_lease(f"{why}; {lease.lost}")
+            return dict(outcome or {}, action="self", detail=message)
         return lease.abandon(why) if lease is not None else None
+
+    def settle_dead_lease(self, why: str) -> tuple[str, dict[str, Any] | None]:
+        """The guardian of this run died (kill -9, the host's sshd restarted and took it along) and left its lock
+        behind: take the dead lock over, settle what this run left pending as the guardian would have (back to the
+        safe release, server restarted there, `pending` cleared), and release the lock. Says what was done, and returns
+        the settlement (None when it could not be done)."""
+        command, guard = getattr(self, "_lock_args", ("ddtree-deploy", None))
+        try:
+            res = self.acquire(command, guard=guard, wait=120.0)  # a step of the run may still be finishing
+        except DeployError as exc:
+            return f"this run could not take the dead lock over to settle the host: {exc.message}", None
+        try:
+            pend = res["state"].get("pending")
+            if pend:
+                outcome = self.reconcile(why, guard, timeout=60 + float(self.host.probe.get("startup_timeout", 600.0)))
+            else:
+                outcome = {"action": "none", "to": res["state"]["active"]}
+        except DeployError as exc:
+            self.abandon(f"settling a dead guardian's run failed: {exc.message}")
+            return (f"this run took the dead lock over but could not settle the host: {exc.message} — the host needs "
+                    "attention"), None
+        self.release_lock()
+        return f"this run settled the host itself and removed the dead lock: {describe_settlement(outcome)}", outcome
 
     @contextmanager
     def locked(self, command: str, *, break_lock: bool = False, guard: dict[str, Any] | None = None,
                wait: float = 0.0) -> Iterator[dict[str, Any]]:
         """Hold the host lock for the block. Leaving the block normally releases it; an interruption (Ctrl-C,
         SIGTERM) or any unexpected error hands the run to the host, which settles it (see Lease) before the
-        exception goes on; a cut connection is left to the host in the same way."""
+        exception goes on; a cut connection is left to the host in the same way. When the host's guardian died
+        (the lease was lost), this run settles the host itself."""
         info = self.acquire(command, break_lock=break_lock, guard=guard, wait=wait)
         try:
             yield info
@@ -173,9 +212,14 @@ class ReleaseManager:
             if self.lease is not None:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     what = self.abandon(f"interrupted during {self.stage} ({type(exc).__name__})")
-                    raise Interrupted(self._settled_message("interrupted", what)) from exc
-                if is_cut(exc):
-                    raise ConnectionCut(self.host.name, self._after_cut(exc)) from exc
+                    interrupted = Interrupted(self._settled_message("interrupted", what))
+                    interrupted.outcome = what
+                    raise interrupted from exc
+                if is_cut(exc) or self.lease.lost:
+                    message, outcome = self._after_cut(exc)
+                    cut = ConnectionCut(self.host.name, message)
+                    cut.outcome = outcome
+                    raise cut from exc
                 if not isinstance(exc, DeployError):
                     self.abandon(f"{type(exc).__name__} during {self.stage}: {exc}")
                 else:
@@ -187,38 +231,66 @@ class ReleaseManager:
     def _settled_message(self, what: str, outcome: dict[str, Any] | None) -> str:
         head = f"host {self.host.name}: {what} during {self.stage}"
         if outcome is None:
-            return (f"{head}; the host settles the run on its own (its guardian rolls back anything unprobed); "
-                    f"`ddtree-deploy releases {self.host.name}` shows what it did")
+            return (f"{head}; the host's guardian was told to settle the run, but its answer did not come back "
+                    f"(it rolls back anything unprobed on its own); `ddtree-deploy releases {self.host.name}` shows "
+                    "what it did")
+        if outcome.get("action") == "self":
+            return f"{head}; {outcome['detail']}"
         return f"{head}; {describe_settlement(outcome)}"
 
-    def _after_cut(self, exc: DeployError) -> str:
-        """Reconnect after a cut, wait for the host's guardian to settle this run, and say what it did."""
-        if isinstance(exc, Fenced):
+    def _after_cut(self, exc: BaseException) -> tuple[str, dict[str, Any] | None]:
+        """Reconnect after a cut (or after this run's guardian died), see who settles this run, and say what was done:
+        the guardian's settlement when it lived; this run's own when the guardian died and left a dead lock; or, when
+        the host cannot be reached, exactly that. Returns the message and the settlement (for the recap)."""
+        lease, self.lease = self.lease, None
+        lost = lease.lost if lease is not None else None
+        if lease is not None:
+            lease.forget()
+        if lost:
+            head = f"{lost} (during {self.stage})"
+        elif isinstance(exc, Fenced):
             head = f"the host gave this run up during {self.stage} (it lost the run's connection)"
         else:
             head = f"the SSH connection was cut during {self.stage}"
-        self.lease = None
-        deadline = time.monotonic() + 30.0 + float(self.host.server.get("stop_timeout", 20.0)) \
-            + float(self.host.probe.get("startup_timeout", 600.0))
-        while time.monotonic() < deadline:
+        budget = 30.0 + float(self.host.server.get("stop_timeout", 20.0)) + float(self.host.probe.get("startup_timeout", 600.0))
+        start = time.monotonic()
+        reached = False
+        while time.monotonic() - start < budget:
             try:
                 info = self._call("show", root=self.root, journal_lines=40, timeout=30)
             except DeployError:
                 time.sleep(1.0)
                 continue
-            if (info.get("lock") or {}).get("run_id") != self.run_id:
-                done = [e for e in info["journal"] if e.get("run") == self.run_id and e.get("event") == "reconciled"]
-                if done:
-                    return f"{head}; {describe_settlement(done[-1])}"
-                st = info["state"]
-                rel = next((r for r in st["releases"] if r["id"] == st["active"]), {})
-                if rel.get("run") == self.run_id and rel.get("status") == "good":
-                    return (f"{head}; release {st['active']} had passed its probe and its verdict was recorded before "
-                            "the cut: it is active and good")
-                return f"{head}; nothing was left pending: the host is on {st['active'] or 'the installed package'}"
-            time.sleep(0.5)
-        return (f"{head}; the host's guardian settles the run on its own when it notices; "
-                f"`ddtree-deploy releases {self.host.name}` shows what it did")
+            reached = True
+            lock = info.get("lock") or {}
+            st = info["state"]
+            ours = (st.get("pending") or {}).get("run") == self.run_id
+            if lock.get("run_id") == self.run_id or (ours and not lock):
+                if info.get("lock_state") in ("dead", "free"):
+                    message, outcome = self.settle_dead_lease(lost or f"its guardian is gone ({head})")
+                    return f"{head}; {message}", outcome
+                time.sleep(0.5)  # our guardian lives: it is settling the run, or notices the lost connection soon
+                continue
+            if ours:  # another command took the lock over (--break-lock) and is settling this run
+                time.sleep(0.5)
+                continue
+            done = [e for e in info["journal"] if e.get("run") == self.run_id and e.get("event") == "reconciled"]
+            if done:
+                return f"{head}; {describe_settlement(done[-1])}", done[-1]
+            rel = next((r for r in st["releases"] if r["id"] == st["active"]), {})
+            if rel.get("run") == self.run_id and rel.get("status") == "good":
+                return (f"{head}; release {st['active']} had passed its probe and its verdict was recorded before "
+                        "the cut: it is active and good"), {"action": "none", "to": st["active"]}
+            return (f"{head}; nothing was left pending: the host is on {st['active'] or 'the installed package'}",
+                    {"action": "none", "to": st["active"]})
+        waited = time.monotonic() - start
+        if not reached:
+            return (f"{head}; the host could not be reached again for {waited:.0f} s, so it is not known whether it "
+                    "settled this run: its guardian, if it lives, rolls back anything unprobed when it notices the "
+                    "lost connection; if it died, the next command settles what is left; "
+                    f"`ddtree-deploy releases {self.host.name}` shows what the host did"), None
+        return (f"{head}; the host still holds this run's lock after {waited:.0f} s (its guardian lives and is still "
+                f"settling the run); `ddtree-deploy releases {self.host.name}` shows what it did"), None
 
     # -- push ------------------------------------------------------------------------------------------------------
     def push(self, overlay: Overlay, *, extra_meta: dict[str, Any] | None = None, switch: bool = False,
@@ -279,9 +351,7 @@ class ReleaseManager:
             return Fenced(f"host {self.host.name}: {why}")
         if exc.kind == "drift":
             return BaseDrift(f"host {self.host.name}: refusing to build release {rid}: {why}\n  nothing was switched",
-                             hint="take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch "
-                                  "set is applied to what is installed now; --allow-base-drift pushes the old files "
-                                  "anyway (the host's changes to them are then not in the release)")
+                             hint=_DRIFT_HINT)
         if exc.kind == "crash":  # the program died before it could clean up after itself
             self._discard(staging)
         return PushFailed(f"host {self.host.name}: building release {rid} failed: {why}")
@@ -299,8 +369,14 @@ class ReleaseManager:
         the release being left bad in the same round trip. ``probing``: the release has not passed its probe: the
         host records the release to go back to before it switches (see remote/release.py)."""
         self.stage = "switch"
-        return self._call("switch", root=self.root, release_id=release_id, run_id=self.run_id, reason=reason,
-                          mark_bad=mark_bad, note=note, fence=self.fence, probing=probing)
+        try:
+            return self._call("switch", root=self.root, release_id=release_id, run_id=self.run_id, reason=reason,
+                              mark_bad=mark_bad, note=note, fence=self.fence, probing=probing)
+        except RemoteError as exc:
+            if exc.kind == "drift":  # the last look before `current` moved found the installed files changed
+                raise BaseDrift(f"host {self.host.name}: refusing to switch to release {release_id}: "
+                                f"{exc.message.split(': ', 2)[-1]}\n  nothing was switched", hint=_DRIFT_HINT) from exc
+            raise
 
     def roll_back(self, target: str | None, *, failed: str | None, note: str, spec: dict[str, Any] | None,
                   timeout: float | None = None) -> dict[str, Any]:

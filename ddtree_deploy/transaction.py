@@ -54,6 +54,13 @@ class ApplyReport:
     def ok(self) -> bool:
         return self.status in ("ok", "unchanged", "dry-run")
 
+    @property
+    def went_back(self) -> bool:
+        """The host went back to ``rolled_back_to``: rolled back by the run, or settled so after a cut or Ctrl-C."""
+        settled = self.details.get("settled") or {}
+        return self.status in ("rolled-back", "rollback-failed") or \
+            (settled.get("action") or settled.get("outcome")) == "rolled-back"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host, "status": self.status, "ok": self.ok, "exit_code": self.exit_code, "message": self.message,
@@ -77,6 +84,7 @@ class Run:
     lock_info: dict[str, Any]
     settled: str | None = None  # what was done about a pending switch left by a vanished run
     settled_probe: ProbeResult | None = None  # the probe that kept a pending release (probe_pending)
+    settled_outcome: dict[str, Any] | None = None  # what the host did to settle it (rolled back: from which, to which)
 
     @property
     def state(self) -> dict[str, Any]:
@@ -97,6 +105,10 @@ def run_on_host(host: Host, command: str, *, break_lock: bool = False, progress:
                 progress(f"{host.name}: broke the lock held by run {info['broken'].get('run_id')}")
             if info.get("recovered"):
                 progress(f"{host.name}: took over the lock of a run that is gone ({info.get('recovered_why')})")
+            if info.get("untold"):  # the guardian settled an earlier run whose tool never said so (killed, cut off)
+                told = info["untold"]
+                progress(f"{host.name}: the previous run {told.get('run')} stopped early ({told.get('why')}); "
+                         f"its guardian settled it: {describe_settlement(told)}")
             run = Run(host, conn, mgr, ServerControl(conn, mgr.fence), Prober(conn, facts=facts, progress=progress, fence=mgr.fence), info)
             pending = info["state"].get("pending")
             if pending:
@@ -115,6 +127,7 @@ def _settle_pending(run: Run, pending: dict[str, Any], probe_first: bool, progre
         result = run.prober.run(rel, label="probe (pending release)")
         if result.ok:
             run.settled_probe = result
+            run.settled_outcome = {"action": "probed-good", "release": rel, "to": rel}
             mgr.finish(rel, "good", "reconciled", outcome="probed-good", release=rel, left_by=pending.get("run"))
             message = f"{head}; probed it: it passes, so it stays active (marked good)"
             progress(f"{host.name}: {message}")
@@ -123,6 +136,7 @@ def _settle_pending(run: Run, pending: dict[str, Any], probe_first: bool, progre
         head += f"; probed it: {stage.name if stage else 'probe'} failed ({stage.detail if stage else '?'})"
     outcome = mgr.reconcile(f"left pending by run {pending.get('run')}", guard_spec(host),
                             timeout=60 + float(host.probe.get("startup_timeout", 600.0)))
+    run.settled_outcome = outcome
     message = f"{head}; {describe_settlement(outcome)}"
     progress(f"{host.name}: {message}")
     return message

@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.faults]
 @pytest.fixture(scope="module")
 def bench(sandbox, tmp_path_factory):
     sbox = sandbox.state.hosts[sandbox.base.name]
-    b = FaultBench(sbox, sandbox.base, tmp_path_factory.mktemp("faults"), log=lambda m: None, engine="standin")
+    b = FaultBench(sbox, sandbox.base, tmp_path_factory.mktemp("faults"), log=lambda m: None, engine="standin",
+                   box=sandbox.box)
     b.setup()
     yield b
     b.teardown_disk()
@@ -67,3 +68,35 @@ def test_server_fails_at_start(bench, variant):
     if variant == "hang":
         assert "start-up made no progress" in trial.notes["failure"]
 
+
+
+# -- the harder faults (one moment each here; `make faults` runs every moment) ---------------------------------------------
+@pytest.mark.parametrize("point", SHORT["guardian"])
+def test_guardian_killed_is_detected_and_settled(bench, point):
+    """A SIGKILLed guardian: the CLI sees its lease end, settles the host itself and says so, within seconds."""
+    trial = bench.guardian_killed(point)
+    _held(trial)
+    assert trial.checks["no-false-wait"] and trial.notes["detected_s"] < 30
+
+
+@pytest.mark.parametrize("guardian_dies", [False, True])
+def test_sshd_restart_during_the_probe(bench, guardian_dies):
+    _held(bench.sshd_restarted(SHORT["sshd"][0], guardian_dies=guardian_dies))
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_disk_full_after_the_switch_rolls_back(bench, cut):
+    """The disk fills once `current` moved: the rollback (the run's own, or the guardian's after a cut) needs no new
+    space, and the host ends on its last good release, serving it."""
+    trial = bench.disk_full_after_switch(SHORT["disk-after"][0], cut=cut)
+    _held(trial)
+    if not cut:  # the crash variant fails its probe: the run rolled back on the full disk and said so
+        assert trial.exit_code == 1 and "rolled back" in trial.notes["said"]
+
+
+def test_rollback_break_lock_mid_probe_settles_once(bench):
+    _held(bench.break_lock_mid_probe())
+
+
+def test_hotfix_held_at_build_verified_stops_the_switch(bench):
+    _held(bench.hotfix_at_build())

@@ -12,7 +12,7 @@ import pytest
 
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.overlay import OverlayFile
-from ddtree_deploy.release import LockHeld, PushFailed, ReleaseManager, rollback_target
+from ddtree_deploy.release import BaseDrift, LockHeld, PushFailed, ReleaseManager, rollback_target
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import overlay, remove_root, standin_host
 
@@ -212,3 +212,67 @@ def test_rollback_target_comes_from_recorded_state_not_directory_order():
     assert rollback_target(state, "c") == "a"  # not "b", the newer directory
     assert rollback_target({**state, "bad": ["a"]}, "c") == "b"  # recorded target went bad: newest good one
     assert rollback_target({**state, "previous_good": None}, "c") is None  # first overlay: back to the installed package
+
+
+def test_rollback_on_a_full_disk_moves_current_first_and_needs_no_new_space(sandbox):
+    """Issue #26 item 2: the disk fills after a probing switch. The rollback flips `current` (no new space), then
+    records it with the space the switch held back (<root>/.reserve); the verdict after it still gets written. With
+    no reserve left, the failure says which release `current` points at, and `current` has moved already."""
+    h = standin_host(sandbox.base, "t-rel-fulldisk")
+    root = h.release_root
+    with HostConnection(h) as conn:
+        conn.run(f"mkdir -p {root} && mount -t tmpfs -o size=256m tmpfs {root}")
+        try:
+            mgr = ReleaseManager(conn)
+            with mgr.locked("test"):
+                good = mgr.push(overlay(version="0.1.1"), switch=True)
+                mgr.finish(good.release_id, "good", "apply")
+                new = mgr.push(overlay(version="0.1.2"), switch=True)
+                assert conn.run(f"stat -c %s {root}/.reserve").text().strip() == str(1 << 20)
+                conn.run(f"fallocate -l $(( $(stat -f -c '%a*%S' {root}) )) {root}/.filler")
+                assert conn.run(f"echo x > {root}/probe-write", check=False).exit_code != 0  # the disk is full
+                back = mgr.roll_back(good.release_id, failed=new.release_id, note="probe failed", spec=None)
+                assert back["to"] == good.release_id
+                mgr.finish(good.release_id, "good", "apply", outcome="rolled-back")
+            info = mgr.show(journal_lines=5)
+            st = info["state"]
+            assert info["current"] == f"releases/{good.release_id}" and st["active"] == good.release_id
+            assert st["pending"] is None and new.release_id in st["bad"] and info["lock"] is None
+            assert conn.run(f"test -e {root}/.reserve", check=False).exit_code != 0  # spent on the rollback's writes
+
+            # no reserve and a full disk: the state write fails, but `current` moved first and the message says so
+            conn.run(f"rm -f {root}/.filler")
+            with mgr.locked("test"):
+                again = mgr.push(overlay(version="0.1.3"), switch=True)
+                conn.run(f"rm -f {root}/.reserve; fallocate -l $(( $(stat -f -c '%a*%S' {root}) )) {root}/.filler")
+                with pytest.raises(DeployError, match=rf"no space left .*recording the rollback to {good.release_id}.*"
+                                                      rf"the host is on release {good.release_id} \(`current`\)"):
+                    mgr.roll_back(good.release_id, failed=again.release_id, note="probe failed", spec=None)
+                assert mgr.show()["current"] == f"releases/{good.release_id}"
+                conn.run(f"rm -f {root}/.filler")
+        finally:
+            conn.run(f"umount {root} && rmdir {root}", check=False)
+
+
+def test_switch_hashes_the_replaced_files_again_and_names_a_late_hotfix(host):
+    """Issue #26 item 5: a hotfix to a file the release replaces, landing after the build's drift check, stops the
+    switch with the file named; the release that would have hidden it is removed; nothing was switched."""
+    site = host.site_packages
+    with HostConnection(host) as conn:
+        mgr = ReleaseManager(conn)
+        sha = mgr.installed_manifest()["sglang/version.py"][0]
+        conn.run(f"cp -p {site}/sglang/version.py {host.release_root}.version.py.bak || "
+                 f"(mkdir -p $(dirname {host.release_root}) && cp -p {site}/sglang/version.py {host.release_root}.version.py.bak)")
+        try:
+            with mgr.locked("test"):
+                pushed = mgr.push(overlay(), base_hashes={"sglang/version.py": sha})
+                conn.run(f"echo '# hotfix on the host' >> {site}/sglang/version.py")
+                with pytest.raises(BaseDrift, match=r"(?s)refusing to switch .*checked again right before the switch.*"
+                                                   r"sglang/version.py: sha256 \w+ on the host"):
+                    mgr.switch(pushed.release_id, probing=True)
+            info = mgr.show()
+            assert info["state"]["active"] is None and info["current"] is None and info["state"]["pending"] is None
+            assert pushed.release_id not in [r["id"] for r in info["state"]["releases"]]
+            assert conn.run(f"test -d {host.release_root}/releases/{pushed.release_id}", check=False).exit_code != 0
+        finally:
+            conn.run(f"cp -p {host.release_root}.version.py.bak {site}/sglang/version.py && rm {host.release_root}.version.py.bak")

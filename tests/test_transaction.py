@@ -18,6 +18,7 @@ from ddtree_deploy.errors import Fenced, OperationFailed
 from ddtree_deploy.probe import guard_spec
 from ddtree_deploy.release import LockHeld, ReleaseManager
 from ddtree_deploy.server import ServerControl
+from ddtree_deploy.transaction import run_on_host
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import deployed_standin, overlay, remove_root, run_cli, standin_host, write_host_yaml
 
@@ -88,6 +89,17 @@ def test_guardian_rolls_back_when_the_control_side_vanishes(good):
     with HostConnection(host) as c2:
         server = ServerControl(c2).status()
     assert server["running"] and server["release"] == release
+
+    # the tool that vanished never said what the guardian did: the next command that takes the lock says it, once
+    said: list[str] = []
+    with run_on_host(host, "ddtree-deploy server restart (test)", progress=said.append):
+        pass
+    told = [ln for ln in said if "its guardian settled it" in ln]
+    assert len(told) == 1 and "rolled back" in told[0] and f"back on release {release}" in told[0], said
+    again: list[str] = []
+    with run_on_host(host, "ddtree-deploy server restart (test)", progress=again.append):
+        pass
+    assert not [ln for ln in again if "guardian settled" in ln], again
 
 
 def test_next_command_rolls_back_a_pending_switch_nobody_settled_and_says_so(good):
@@ -180,3 +192,29 @@ def test_releases_warns_about_a_pending_switch(good):
     assert json.loads(run_cli(inv, "releases", host.name, "--json").stdout)["state"]["pending"]["release"] == left
     assert run_cli(inv, "server", "restart", host.name).returncode == 0  # settles it
     assert _show(host)["state"]["active"] == release
+
+
+def test_the_recap_keeps_the_rollback_target_of_a_cut_host(capsys):
+    """A host whose run was cut and then settled by rolling back: the fleet's report carries where it went back to
+    (not only inside a message the recap shortens), and the recap shows it."""
+    from ddtree_deploy.commands.deploy import print_recap
+    from ddtree_deploy.console import out
+    from ddtree_deploy.errors import ConnectionCut
+    from ddtree_deploy.fleet import _guarded
+
+    target = "20261201T101010Z-feedbeef"
+
+    def cut(host):
+        exc = ConnectionCut(host.name, "the SSH connection was cut during probe; " + "x" * 200 + f"; back on release {target}")
+        exc.outcome = {"action": "rolled-back", "release": "20261201T111111Z-0badcafe", "to": target}
+        raise exc
+
+    report = _guarded(cut, type("H", (), {"name": "gpu-7"})())
+    assert report.status == "unreachable" and report.exit_code == 3
+    assert report.rolled_back_to == target and report.went_back
+    width, out.width = out.width, 200
+    try:
+        print_recap([report], [])
+    finally:
+        out.width = width
+    assert target in capsys.readouterr().out

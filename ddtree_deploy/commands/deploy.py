@@ -88,7 +88,7 @@ def print_recap(reports: list[ApplyReport], skipped: list[str], unusable: dict[s
     for r in reports:
         stage = r.probe.failed_stage.name if r.probe and r.probe.failed_stage else ""
         back = ""
-        if r.status in ("rolled-back", "rollback-failed"):
+        if r.went_back:
             back = r.rolled_back_to or "installed package"
         rows.append([r.host, r.status, r.release or "", back, stage,
                      f"{sum(r.timings.values()):.1f}", r.message[:90]])

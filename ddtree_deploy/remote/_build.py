@@ -162,6 +162,11 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
             "link_mode": mode, "dist_info": dist_infos, "purged_pycache": purged,
             "compiled_by": _sys.executable, "python": "%d.%d.%d" % _sys.version_info[:3], "base_drift": drift,
         })
+        if base_hashes is not None and not allow_base_drift:  # what the switch hashes again right before it moves
+            record["switch_check"] = {
+                "site_packages": site_packages, "package": package, "base_snapshot": meta.get("base_snapshot"),
+                "files": [{"path": f["path"], "action": f["action"]} for f in files if f["action"] in ("replace", "add")],
+                "base_hashes": {f["path"]: base_hashes[f["path"]] for f in files if f["path"] in base_hashes}}
         _write_json(os.path.join(partial, "RELEASE.json"), record, indent=1)
         _fault_point(root, "build:linked")
         with _OpLock(root):  # the commit: only for a run that still holds the lock and is still connected

@@ -172,7 +172,8 @@ def hold(root, owner, break_lock=False, guard=None, lease_timeout=30.0):
         return got
     rid = owner.get("run_id")
     state = _load_state(root)
-    got.update({"state": state, "has_baseline": _has_baseline(root), "boot_id": _boot_id()})
+    got.update({"state": state, "has_baseline": _has_baseline(root), "boot_id": _boot_id(),
+                "untold": _untold_settlement(root, rid)})
     _emit({"ok": True, "result": got})
     why = _read_commands(float(lease_timeout))
     with _OpLock(root):  # waits for a step of this run that is half way
@@ -181,6 +182,28 @@ def hold(root, owner, break_lock=False, guard=None, lease_timeout=30.0):
                 return {"released": _unlock(root, rid)["released"]}
             why = "the run ended with a release still unprobed"
         return _abandon(root, rid, why, guard)
+
+
+def _untold_settlement(root, rid):
+    """The guardian's settlement of an earlier run that no command has reported yet (its tool was killed or cut off
+    and never saw it), from the journal's tail; journalled as told, so the next command says it once."""
+    try:
+        with open(os.path.join(root, "journal.log"), "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - (64 << 10)))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            entry = _json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == "told":
+            return None
+        if entry.get("event") == "reconciled" and entry.get("by") == "guardian":
+            _journal_quietly(root, "told", run=rid, about=entry.get("run"))
+            return entry
+    return None
 
 
 def _abandon(root, rid, why, guard):
@@ -228,14 +251,23 @@ def _settle(root, rid, why, guard, by):
         state = _load_state(root)
         state["pending"] = None
         _save_state(root, state)
-    elif guard and rec.get("server_touched") and rec.get("run_id") == rid:
-        # the run changed the server without switching (a baseline recording): put it back as configured
+    elif guard and ((rec.get("server_touched") and rec.get("run_id") == rid) or _serves_other(root, state["active"], guard)):
+        # the run changed the server without switching (a baseline recording), or stopped between moving `current`
+        # and restarting the server (a rollback by hand): put it back as configured, on `current`
         active = state["active"]
         _server.control(root, guard, "restart", active, active is not None)
         out.update(action="server-restored", to=active, restarted=True, health=_health(root, guard))
     _journal_quietly(root, "reconciled", run=rid, by=by, why=why[:300], outcome=out["action"], to=out.get("to"),
                      release=out.get("release"), removed=removed, health=(out.get("health") or {}).get("state"))
     return out
+
+
+def _serves_other(root, active, guard):
+    """The tool's server runs, but a release other than `current` (its pid record says which)."""
+    if guard.get("kind") == "systemd":
+        return False
+    record = _server._read_pid(_server._paths(root)[1])
+    return _server._alive(record) and record.get("release") != active
 
 
 def _needs_restart(root, pend, target, guard):
@@ -303,22 +335,29 @@ def _remove_leftovers(root, rid, state):
 
 
 def _roll_back_steps(root, run_id, target, failed, failed_status, note, spec):
-    """The one rollback of the tool (probe failed, interrupted run, rollback by hand): mark ``failed``, record the
-    move as pending (safe = ``target``), point `current` at ``target``, and restart the server there when ``spec``
-    is given. `pending` stays until the caller's verdict on ``target`` (finish) clears it."""
+    """The one rollback of the tool (probe failed, interrupted run, rollback by hand), in the order of every move of
+    `current` (docs/design.md): `current` moves first (a rename, no new disk space), then state.json records it.
+    ``failed`` is marked, the move recorded as pending (safe = ``target``: a stop before the restart is settled by
+    restarting there), and the server restarted on ``target`` when ``spec`` is given. `pending` stays until the
+    caller's verdict on ``target`` (finish) clears it. The state and journal writes fall back on the reserve (see
+    _ensure_reserve) when the disk is full; a failure says where the host is."""
     state = _load_state(root)
     previous = state["active"]
     if target is not None and (_release(state, target) is None or not os.path.isdir(os.path.join(root, "releases", target))):
         raise Failure("cannot roll back to %s: no such release on this host (have: %s)"
                       % (target, ", ".join(r["id"] for r in state["releases"]) or "none"), "missing")
-    if failed and _release(state, failed) is not None:
-        _set_status(state, failed, failed_status, note)
-    state["pending"] = {"release": target, "safe": target, "run": run_id, "stage": "rolling-back", "since": _now(),
-                        "server_touched": bool(spec), "from": previous}
-    _save_state(root, state)
     _flip(root, target)
-    state["active"] = target
-    _save_state(root, state)
+    _fault_point(root, "rollback:flipped")
+    try:
+        state["active"] = target
+        if failed and _release(state, failed) is not None:
+            _set_status(state, failed, failed_status, note)
+        state["pending"] = {"release": target, "safe": target, "run": run_id, "stage": "rolling-back", "since": _now(),
+                            "server_touched": bool(spec), "from": previous}
+        _save_state(root, state)
+    except OSError as exc:
+        raise _disk_failure(root, exc, "recording the rollback to %s" % (target or "the installed package"),
+                            switched=True) from None
     _journal_quietly(root, "switch", run=run_id, reason="rollback", **{"from": previous, "to": target})
     if failed:
         _journal_quietly(root, "mark", run=run_id, release=failed, status=failed_status, note=note[:500])

@@ -7,6 +7,8 @@ import os
 import socket
 
 STATE_VERSION = 1
+#: Space held back (<root>/.reserve) for the writes a rollback needs once the disk filled after a switch.
+RESERVE_BYTES = 1 << 20
 
 
 # -- state, journal ----------------------------------------------------------------------------------------------------
@@ -32,18 +34,77 @@ def _load_state(root):
 
 
 def _save_state(root, state):
-    _write_json(os.path.join(root, "state.json"), state, indent=1)
+    _with_reserve(root, _write_json, os.path.join(root, "state.json"), state, indent=1)
 
 
 def _journal(root, event, **fields):
     entry = {"time": _now(), "event": event, "host": socket.gethostname()}
     entry.update(fields)
-    line = _json.dumps(entry, sort_keys=True) + "\n"
-    fd = os.open(os.path.join(root, "journal.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    _with_reserve(root, _append_line, os.path.join(root, "journal.log"), _json.dumps(entry, sort_keys=True) + "\n")
+
+
+def _append_line(path, line):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+# -- the reserve: a rollback needs no new disk space ----------------------------------------------------------------------
+def _reserve_path(root):
+    return os.path.join(root, ".reserve")
+
+
+def _ensure_reserve(root):
+    """Hold RESERVE_BYTES of the release root's disk in <root>/.reserve (a probing switch does this before `current`
+    moves): what the state and journal writes of the switch's verdict or rollback need, should the disk fill up
+    after the switch. Raises the disk failure (nothing switched) when the space is not there."""
+    path = _reserve_path(root)
+    try:
+        if os.path.getsize(path) >= RESERVE_BYTES:
+            return
+    except OSError:
+        pass
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                block = b"\0" * (1 << 16)
+                for _ in range(RESERVE_BYTES // len(block)):
+                    os.write(fd, block)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise _disk_failure(root, exc, "reserving %d KB for a rollback's writes" % (RESERVE_BYTES >> 10)) from None
+
+
+def _spend_reserve(root):
+    """Free the reserve (right before a write that found the disk full); False when there was none left."""
+    try:
+        os.unlink(_reserve_path(root))
+        return True
+    except OSError:
+        return False
+
+
+def _with_reserve(root, write, *args, **kwargs):
+    """``write(*args)``; on a full disk, free the reserve and write once more (the write needs no new space then)."""
+    try:
+        return write(*args, **kwargs)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not _spend_reserve(root):
+            raise
+    return write(*args, **kwargs)
 
 
 def _journal_quietly(root, event, **fields):
@@ -86,14 +147,33 @@ def _free_mb(root):
         return 0.0
 
 
-def _disk_failure(root, exc, what):
+def _disk_failure(root, exc, what, switched=False):
+    """The failure of a write: what was being written, and where the host is: "nothing was switched" before any
+    switch; after one (``switched``), which release `current` points at and which one the server runs."""
+    after = "the host is on %s" % _where(root) if switched else "nothing was switched"
     if exc.errno == errno.ENOSPC:
-        return Failure("no space left on the release root %s while %s (%.1f MB free); nothing was switched"
-                       % (root, what, _free_mb(root)), "disk")
+        return Failure("no space left on the release root %s while %s (%.1f MB free); %s"
+                       % (root, what, _free_mb(root), after), "disk")
     if exc.errno == errno.EDQUOT:
-        return Failure("disk quota exceeded on %s while %s; nothing was switched" % (root, what), "disk")
-    return Failure("%s failed on %s: %s (%s); nothing was switched"
-                   % (what, root, exc.strerror or exc, getattr(exc, "filename", "")), "io")
+        return Failure("disk quota exceeded on %s while %s; %s" % (root, what, after), "disk")
+    return Failure("%s failed on %s: %s (%s); %s"
+                   % (what, root, exc.strerror or exc, getattr(exc, "filename", ""), after), "io")
+
+
+def _where(root):
+    """Which release `current` points at and which one the tool's server runs, in words."""
+    link = _current_target(root)
+    on = "the installed package (no overlay)" if link in (None, "base") else "release %s" % os.path.basename(link)
+    try:
+        record = _server._read_pid(_server._paths(root)[1])
+    except Exception:  # a systemd unit, or no pid file: the state of `current` is what we know
+        record = None
+    if not record:
+        return "%s (`current`); no server started by the tool runs there" % on
+    serves = record.get("release")
+    serves = "release %s" % serves if serves else "the installed package"
+    state = "running" if _server._alive(record) else "not running"
+    return "%s (`current`); its server (pid %s, %s) serves %s" % (on, record.get("pid"), state, serves)
 
 
 def _has_baseline(root):

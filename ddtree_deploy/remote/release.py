@@ -54,6 +54,8 @@ def switch(root, release_id, run_id=None, reason="deploy", mark_bad=None, note="
         previous = state["active"]
         prev_rel = _release(state, previous) if previous else None
         if probing:
+            _ensure_reserve(root)  # what its verdict or its rollback will write, should the disk fill from here on
+            _recheck_base(root, state, release_id, run_id)
             state["pending"] = {"release": release_id, "safe": previous, "run": run_id, "stage": "switched",
                                 "since": _now(), "server_touched": False, "reason": reason}
             _set_status(state, release_id, "probing", "")
@@ -61,17 +63,45 @@ def switch(root, release_id, run_id=None, reason="deploy", mark_bad=None, note="
             _fault_point(root, "switch:pending")
         target = _flip(root, release_id)
         _fault_point(root, "switch:flipped")
-        if previous != release_id:
-            # "previous good" is what we go back to when this release fails its probe: the release we leave if it
-            # was good (or the installed package), else whatever was previous good before it.
-            if previous is None or (prev_rel is not None and prev_rel.get("status") == "good"):
-                state["previous_good"] = previous
-        state["active"] = release_id
-        _save_state(root, state)
-        _journal(root, "switch", run=run_id, reason=reason, **{"from": previous, "to": release_id})
-        if mark_bad:
-            _journal(root, "mark", run=run_id, release=mark_bad, status="bad", note=note)
+        try:  # `current` has moved: state.json follows it
+            if previous != release_id:
+                # "previous good" is what we go back to when this release fails its probe: the release we leave if it
+                # was good (or the installed package), else whatever was previous good before it.
+                if previous is None or (prev_rel is not None and prev_rel.get("status") == "good"):
+                    state["previous_good"] = previous
+            state["active"] = release_id
+            _save_state(root, state)
+            _journal(root, "switch", run=run_id, reason=reason, **{"from": previous, "to": release_id})
+            if mark_bad:
+                _journal(root, "mark", run=run_id, release=mark_bad, status="bad", note=note)
+        except OSError as exc:
+            raise _disk_failure(root, exc, "recording the switch to %s" % (release_id or "the installed package"),
+                                switched=True) from None
     return {"from": previous, "to": release_id, "previous_good": state["previous_good"], "target": target}
+
+
+def _recheck_base(root, state, release_id, run_id):
+    """The last look at base drift, right before `current` moves: the installed files the release replaces are hashed
+    again against the snapshot it was built from (only those, so it is cheap). A change since the build's own check
+    (a hotfix landing while it ran) stops the switch, names the file, and removes the release, which would hide it."""
+    try:
+        with open(os.path.join(root, "releases", release_id, "RELEASE.json")) as fh:
+            check = _json.load(fh).get("switch_check")
+    except (OSError, ValueError):
+        check = None
+    if not check:
+        return
+    drift = base_drift(check["site_packages"], check["package"], check["files"], check["base_hashes"])
+    if not drift:
+        return
+    shutil.rmtree(os.path.join(root, "releases", release_id), ignore_errors=True)
+    state["releases"] = [r for r in state["releases"] if r["id"] != release_id]
+    _save_state(root, state)
+    _journal_quietly(root, "drift", run=run_id, release=release_id, at="switch", files=drift[:20])
+    snap = "snapshot %s" % check["base_snapshot"] if check.get("base_snapshot") else "its snapshot"
+    raise Failure("the installed %s changed after release %s was built from %s (%d file(s) it replaces differ, "
+                  "checked again right before the switch):\n  %s\nrelease %s was removed"
+                  % (check["package"], release_id, snap, len(drift), "\n  ".join(drift[:8]), release_id), "drift")
 
 
 def roll_back(root, target, failed=None, run_id=None, note="", spec=None, fence=None, failed_status="bad"):
@@ -137,17 +167,21 @@ def finish(root, release_id, status, keep, run_id, event, fields, note="", fence
         _fence(root, fence)
         _fault_point(root, "finish:start")
         state = _load_state(root)
+        try:
+            if release_id and status:
+                _set_status(state, release_id, status, note)
+            pend = state.get("pending")
+            if pend and (pend.get("run") == run_id or pend.get("release") == release_id):
+                state["pending"] = None
+            _save_state(root, state)
+        except OSError as exc:
+            raise _disk_failure(root, exc, "recording the verdict on %s" % (release_id or "the run"), switched=True) from None
         if release_id and status:
-            _set_status(state, release_id, status, note)
-            _journal(root, "mark", run=run_id, release=release_id, status=status, note=note)
-        pend = state.get("pending")
-        if pend and (pend.get("run") == run_id or pend.get("release") == release_id):
-            state["pending"] = None
-        _save_state(root, state)
+            _journal_quietly(root, "mark", run=run_id, release=release_id, status=status, note=note)
         removed = _cleanup(root, keep, run_id)
         entry = dict(fields)
         entry["run"] = run_id
-        _journal(root, event, **entry)
+        _journal_quietly(root, event, **entry)
     return {"removed": removed}
 
 
