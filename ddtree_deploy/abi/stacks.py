@@ -98,6 +98,8 @@ def rule_cuda_major(host: str, facts: dict[str, Any]) -> list[Finding]:
     found = stack_of(facts)
     if not found or found[1].cuda_major is None or get(facts, "torch.status") != "ok":
         return []
+    if get(facts, "gpu.status") == "absent":
+        return []  # no GPU: nothing CUDA runs here (check_host's no-gpu finding says so)
     release, row = found
     cuda = get(facts, "torch.cuda")
     major = int(str(cuda).split(".")[0]) if cuda and str(cuda).split(".")[0].isdigit() else None
