@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
@@ -93,6 +94,132 @@ HOST_CASES: list[tuple[str, Callable[[str, dict[str, Any]], list[abi.Finding]], 
 ]
 
 
+
+
+def stack(release: str, *, torch: str, kernel: str, flashinfer: str, python: str = "3.11.7", cuda: str | None = "13.0",
+          pins_from_metadata: bool = True, **edits: Any) -> dict[str, Any]:
+    """The H200 fixture with a whole stack swapped in: sglang ``release`` with the pins its wheel's METADATA states
+    (or none, as on a host whose METADATA could not be read), the given torch / kernel / flashinfer / Python."""
+    row = abi.STACKS[release]
+    local = "cpu" if cuda is None else "cu" + cuda.replace(".", "")
+    pins = {"torch": f"=={row.torch}", "sglang-kernel": f"=={row.kernel}", "flashinfer-python": f"=={row.flashinfer}",
+            "transformers": "==5.12.1"} if pins_from_metadata else {}
+    facts = fx(CU130, packages__sglang__version=release, packages__sglang__pins=pins,
+               packages__sglang__requires_torch=pins.get("torch"), **{"packages__sglang-kernel__version": kernel,
+               "packages__flashinfer-python__version": flashinfer}, torch__version=f"{torch}+{local}",
+               torch__release=torch, torch__local=local, torch__cuda=cuda, python__version=python,
+               packages__torch__version=f"{torch}+{local}")
+    for dotted, value in edits.items():
+        node = facts
+        *path, last = dotted.split("__")
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return facts
+
+
+def stack_findings(facts: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted(pairs(abi.check_host("h", facts)))
+
+
+# (case, facts, expected (rule, severity) of the whole host check)
+STACK_CASES: list[tuple[str, dict[str, Any], list[tuple[str, str]]]] = [
+    ("0.5.18 on torch 2.13.0+cu130 with its own kernels",
+     stack("0.5.18", torch="2.13.0", kernel="0.4.6.post1", flashinfer="0.6.17"), []),
+    ("0.5.23 on torch 2.14.1+cu130, Python 3.11",
+     stack("0.5.23", torch="2.14.1", kernel="0.4.10", flashinfer="0.7.2"), []),
+    ("0.5.22 on Python 3.10", stack("0.5.22", torch="2.14.1", kernel="0.4.9", flashinfer="0.7.1", python="3.10.14"),
+     [("python-floor", "error")]),
+    ("0.5.21 on Python 3.10 is fine", stack("0.5.21", torch="2.13.0", kernel="0.4.7", flashinfer="0.6.18",
+                                             python="3.10.14"), []),
+    ("0.5.20 beside a cu128 torch", stack("0.5.20", torch="2.13.0", kernel="0.4.7", flashinfer="0.6.18", cuda="12.8",
+                                         gpu__driver="580.95.05"), [("cuda-stack", "error")]),
+    ("0.5.23 on a CPU host without a GPU (the sandbox's drift host)",
+     stack("0.5.23", torch="2.14.1", kernel="0.4.10", flashinfer="0.7.2", cuda=None, gpu__status="absent",
+           gpu__gpus=[]),
+     [("no-gpu", "info")]),
+    ("0.5.17 beside a cu128 torch is left to the other rules",
+     stack("0.5.17", torch="2.11.0", kernel="0.4.5", flashinfer="0.6.15.post1", cuda="12.8"), []),
+    ("0.5.19 upgraded, torch left at 2.11", stack("0.5.19", torch="2.11.0", kernel="0.4.6.post1", flashinfer="0.6.18"),
+     [("kernel-torch", "error"), ("torch-pins", "warning")]),
+    ("0.5.17's kernel 0.4.5 beside torch 2.13", stack("0.5.17", torch="2.13.0", kernel="0.4.5", flashinfer="0.6.15.post1"),
+     [("kernel-torch", "error"), ("torch-pins", "warning")]),
+    ("a kernel that pins torch itself is torch-pins' case",
+     stack("0.5.18", torch="2.11.0", kernel="0.4.6.post1", flashinfer="0.6.17",
+           **{"packages__sglang-kernel__requires_torch": "==2.13.0"}), [("torch-pins", "error"), ("torch-pins", "warning")]),
+    ("0.5.20 with 0.5.19's kernel", stack("0.5.20", torch="2.13.0", kernel="0.4.6.post1", flashinfer="0.6.18"),
+     [("companion-pins", "error")]),
+    ("0.5.23 with 0.5.22's flashinfer", stack("0.5.23", torch="2.14.1", kernel="0.4.10", flashinfer="0.7.1"),
+     [("companion-pins", "error")]),
+    ("0.5.22 kernel mismatch seen from the table when the METADATA was not read",
+     stack("0.5.22", torch="2.14.1", kernel="0.4.7", flashinfer="0.7.1", pins_from_metadata=False),
+     [("companion-pins", "error"), ("kernel-torch", "error")]),
+    ("0.5.18 on a GPU host without sglang-kernel",
+     stack("0.5.18", torch="2.13.0", kernel="0.4.6.post1", flashinfer="0.6.17", **{"packages__sglang-kernel": None}),
+     [("companion-pins", "error")]),
+    ("0.5.18 without flashinfer (triton attention still works)",
+     stack("0.5.18", torch="2.13.0", kernel="0.4.6.post1", flashinfer="0.6.17", **{"packages__flashinfer-python": None}),
+     [("companion-pins", "warning")]),
+    ("a release newer than the table: its METADATA pins alone",
+     stack("0.5.23", torch="2.14.1", kernel="0.4.10", flashinfer="0.7.2", packages__sglang__version="0.5.24",
+           python="3.10.14"), []),
+]
+
+
+@pytest.mark.parametrize("case,facts,expected", STACK_CASES, ids=[c[0] for c in STACK_CASES])
+def test_stack_rules(case: str, facts: dict[str, Any], expected: list[tuple[str, str]]) -> None:
+    findings = abi.check_host("h", facts)
+    assert sorted(pairs(findings)) == sorted(expected), [f.what for f in findings]
+    for f in findings:
+        assert f.what and f.why and f.fix
+
+
+def test_stack_messages_name_the_release_and_the_fix() -> None:
+    [py] = abi.rule_python_floor("h", stack("0.5.22", torch="2.14.1", kernel="0.4.9", flashinfer="0.7.1", python="3.10.14"))
+    assert "sglang 0.5.22 needs Python >= 3.11" in py.what and "3.10.14" in py.what and "0.5.21" in py.fix
+    [cuda] = abi.rule_cuda_major("h", stack("0.5.20", torch="2.13.0", kernel="0.4.7", flashinfer="0.6.18", cuda="12.8"))
+    assert "CUDA 13" in cuda.what and "torch==2.13.0+cu130" in cuda.fix
+    [kernel] = abi.rule_companion_pins("h", stack("0.5.20", torch="2.13.0", kernel="0.4.6.post1", flashinfer="0.6.18"))
+    assert "sglang-kernel==0.4.7" in kernel.what and "0.4.6.post1" in kernel.what
+    assert "pip install sglang==0.5.20" in kernel.fix
+    [built] = abi.rule_kernel_torch("h", stack("0.5.19", torch="2.11.0", kernel="0.4.6.post1", flashinfer="0.6.18"))
+    assert "built for torch 2.13.0" in built.what and "0.5.18, 0.5.19" in built.what and "torch==2.13.0" in built.fix
+
+
+def test_the_sandbox_without_kernels_has_only_warnings() -> None:
+    """A CPU host (the sandbox) carries neither sglang-kernel nor flashinfer: nothing to run them on, no error."""
+    findings = abi.check_host("h", fx(NOGPU))
+    assert not abi.has_errors(findings), [f.what for f in findings]
+    assert ("companion-pins", "warning") in pairs(findings)
+
+
+def test_stack_table_matches_the_wheels_read_by_the_suite() -> None:
+    """Each row against the real wheel's METADATA where the suite has the wheel (0.5.11, 0.5.14-0.5.17, 0.5.23)."""
+    import zipfile
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement
+
+    cache = Path(os.environ.get("DDTREE_WHEEL_CACHE", Path.home() / ".cache" / "ddtree-deploy" / "wheels"))
+    checked = 0
+    for wheel in sorted(cache.glob("sglang-*.whl")):
+        release = wheel.name.split("-")[1]
+        if release not in abi.STACKS:
+            continue
+        with zipfile.ZipFile(wheel) as zf:
+            meta = Parser().parsestr(zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+        reqs = {Requirement(r).name.lower().replace("_", "-"): Requirement(r) for r in meta.get_all("Requires-Dist")
+                if "extra ==" not in r}
+        row = abi.STACKS[release]
+        assert str(reqs["torch"].specifier) == f"=={row.torch}", release
+        assert str(reqs["sglang-kernel"].specifier) == f"=={row.kernel}", release
+        assert str(reqs["flashinfer-python"].specifier) == f"=={row.flashinfer}", release
+        assert meta["Requires-Python"] == f">={row.python_min}", release
+        checked += 1
+    if checked == 0:
+        pytest.fail(f"no sglang wheel in {cache}: the wheels tests fetch them (tests/sglang/conftest.py)")
+
+
 @pytest.mark.parametrize("case,rule,facts,expected", HOST_CASES, ids=[c[0] for c in HOST_CASES])
 def test_host_rule(case: str, rule: Callable[[str, dict[str, Any]], list[abi.Finding]], facts: dict[str, Any],
                    expected: list[tuple[str, str]]) -> None:
@@ -162,7 +289,9 @@ def test_check_hosts_eval_pair() -> None:
     findings = abi.check_hosts({"cu130": fx(CU130), "cu128": fx(CU128), "pins": fx(PINS)})
     assert abi.has_errors(findings)
     assert sorted((f.host, f.rule, f.severity) for f in findings) == [
-        ("cu128", "shared-binaries", "warning"), ("pins", "torch-pins", "error")]
+        ("cu128", "shared-binaries", "warning"), ("pins", "companion-pins", "error"), ("pins", "torch-pins", "error")]
+    kernel = next(f for f in findings if f.rule == "companion-pins")
+    assert "sglang-kernel==0.4.2" in kernel.what and "sgl-kernel 0.3.16.post3" in kernel.what
 
 
 def test_check_overlay_refuses_cu130_build_on_cu128_host() -> None:

@@ -11,6 +11,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..facts import binary_fingerprint, compute_caps, get, kernel_package
 from .findings import ERROR, INFO, WARNING, Finding, sort_findings
+from .stacks import STACK_RULES
 
 #: Lowest driver branch for each CUDA major (NVIDIA minor-version compatibility table).
 DRIVER_MINIMUM = {13: 580, 12: 525, 11: 450}
@@ -205,6 +206,7 @@ def rule_compiled_glibc(host: str, facts: dict[str, Any]) -> list[Finding]:
 
 HOST_RULES: tuple[Callable[[str, dict[str, Any]], list[Finding]], ...] = (
     rule_torch_importable, rule_driver_supports_cuda, rule_gpu_arch_in_arch_list, rule_torch_pins, rule_compiled_glibc,
+    *STACK_RULES,
 )
 
 
