@@ -21,7 +21,7 @@ from .inventory import Host, release_root_problems
 def resolve(conn: Any, host: Host) -> dict[str, Any]:
     """The host's answer (one round trip): each path resolved, and the symlinks of the release root."""
     return conn.call("hostinfo", "paths", release_root=host.release_root, site_packages=host.site_packages,
-                     python=host.python, timeout=max(30.0, host.connect_timeout * 3))
+                     interpreter=host.python, timeout=max(30.0, host.connect_timeout * 3))
 
 
 def problems(host: Host, resolved: dict[str, Any]) -> list[str]:

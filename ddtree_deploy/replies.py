@@ -39,14 +39,17 @@ class Paths(TypedDict):
     links: dict[StrictStr, StrictStr]
 
 
-class HostCheck(TypedDict):
+class HostCheckPaths(TypedDict, total=False):
+    paths: Paths
+
+
+class HostCheck(HostCheckPaths):
     hostname: StrictStr
     python: StrictStr
     executable: StrictStr
     site_packages_exists: StrictBool
     sglang_dir_exists: StrictBool
     sglang: Optional[StrictStr]
-    paths: Paths
 
 
 class ManifestFiles(TypedDict):

@@ -82,7 +82,7 @@ def check_cmd(
         try:
             with HostConnection(host) as conn:
                 info = conn.call("hostinfo", "check", site_packages=host.site_packages, release_root=host.release_root,
-                                 python=host.python, timeout=host.connect_timeout * 6)
+                                 interpreter=host.python, timeout=host.connect_timeout * 6)
             wrong = hostpaths.problems(host, info["paths"])
             if wrong:
                 worst = max(worst, EXIT_USAGE)

@@ -30,7 +30,7 @@ def _links_in(directory, prefix, out):
             out[prefix + name] = os.path.realpath(full)
 
 
-def paths(release_root, site_packages, python, package="sglang"):
+def paths(release_root, site_packages, interpreter, package="sglang"):
     """Each path of the host file resolved with realpath on this host (symlinks anywhere on the way, `..` after a
     symlink, a venv's lib64 -> lib), and every symlink among the release root's entries and releases with where it
     leads: a write through any of them lands there. The control side judges (hostpaths.py)."""
@@ -44,23 +44,26 @@ def paths(release_root, site_packages, python, package="sglang"):
         "release_root": os.path.realpath(release_root),
         "site_packages": os.path.realpath(site_packages),
         "package": os.path.realpath(os.path.join(site_packages, package)),
-        "python": os.path.realpath(python),
+        "python": os.path.realpath(interpreter),
         "executable": os.path.realpath(sys.executable),
         "links": links,
     }
 
 
-def check(site_packages, release_root, python):
+def check(site_packages, release_root=None, interpreter=None):
+    """Who answers, and (given the release root and python (``interpreter``) of the host file) its paths as resolved here."""
     pkg = os.path.join(site_packages, "sglang")
-    return {
+    out = {
         "hostname": platform.node(),
         "python": platform.python_version(),
         "executable": sys.executable,
         "site_packages_exists": os.path.isdir(site_packages),
         "sglang_dir_exists": os.path.isdir(pkg),
         "sglang": _dist_version("sglang"),
-        "paths": paths(release_root, site_packages, python),
     }
+    if release_root is not None:
+        out["paths"] = paths(release_root, site_packages, interpreter or sys.executable)
+    return out
 
 
 OPS = {"check": check, "paths": paths}
