@@ -719,7 +719,8 @@ class HostileBench:
             said = {}
             for cmd in (["hosts", "check", "--json", name], ["snapshot", name],
                         ["apply", "--host", name, "--patchset", str(self.b.patchsets["a"])]):
-                said[cmd[0]] = self._cli(*cmd)
+                code, text = self._cli(*cmd)
+                said[cmd[0]] = code, " ".join(text.split())  # as one line: a table or a long line may wrap it
             same = self._listing() == before
             notes.update({k: v[1].strip()[-600:] for k, v in said.items()}, identical=same)
             checks.update({f"{k}-refused": v[0] == 2 and ("resolves" in v[1] or "symlink to" in v[1])
@@ -817,8 +818,9 @@ class HostileBench:
             secret.write_text("a file outside the patch set\n")
             ps = hostile_patchset(kind, self.b.patchsets["b"], self.b.work / "hostile-patches", secret)
             before = self._listing()
-            said = {"check": self._cli("patchset", "check", str(ps)),
-                    "apply": self._cli("apply", "--host", self.b.host.name, "--patchset", str(ps))}
+            said = {"show": self._cli("patchset", "show", str(ps)),
+                    "apply": self._cli("apply", "--host", self.b.host.name, "--patchset", str(ps), env=self.b.env)}
+            said = {k: (code, " ".join(text.split())) for k, (code, text) in said.items()}
             word = {"patch-pyc": "not a source file", "runtime-pyc": "not a source file",
                     "runtime-hardlink": "is a hard link", "runtime-binary": "not a source file"}[kind]
             notes.update({k: v[1].strip()[-400:] for k, v in said.items()})
@@ -826,8 +828,22 @@ class HostileBench:
             checks["host-identical"] = self._listing() == before
             return said["apply"][0], "".join(v[1] for v in said.values()), all(checks.values())
 
-        trial = self.b.trial(f"patchset-{kind}", "patchset check + apply", fault, probe=False)
+        trial = self.b.trial(f"patchset-{kind}", "patchset show + apply", fault, probe=False)
         return self._verdict(trial, checks, notes)
+
+
+def hostile_summary(trials: list[Trial]) -> list[str]:
+    """The results file's lines for this block: what a flood and a huge tar member cost the control side."""
+    rss = {t.case: t.notes.get("rss_mib") for t in trials if "rss_mib" in t.notes}
+    if not rss:
+        return []
+    worst = {k: max(v for c, v in rss.items() if c.startswith(k)) for k in ("flood", "reply", "tar") if
+             any(c.startswith(k) for c in rss)}
+    return ["", "Hostile inputs, peak RSS of the CLI and its children (limit " f"{FLOOD_RSS_MAX >> 20} MiB): "
+            + "; ".join(f"{k} {v} MiB" for k, v in worst.items())
+            + f" (flood: the host's python printed {FLOOD_BYTES >> 20} MiB; tar: one member declared at "
+            f"{TAR_DECLARED >> 20} MiB). root-*: release_root spellings that the host resolves into the package, each "
+            "refused by hosts check, snapshot and apply with the host's tree unchanged."]
 
 
 def run_hostile(bench: FaultBench, each: int, short: bool, want: Callable[[str], bool]) -> list[Trial]:
@@ -922,6 +938,7 @@ def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Pa
     failed = [t for t in trials if not t.held]
     md += ["", "## Trials that did not hold", ""] + ([f"- {t.case} at {t.point}: {json.dumps(t.checks)} — {t.message}" for t in failed]
                                                      or ["none"])
+    md += hostile_summary(trials)
     hang = [t for t in trials if t.case == "hang-start"]
     if hang:
         md += ["", f"Wedged start (log silent, /health failing) detected by the no-progress rule "
@@ -959,7 +976,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     cmd = "make faults" if not args.cases and not args.short and args.trials == 20 else \
         "python bench/faults.py " + " ".join(a for a in (argv or sys.argv[1:]))
-    path = write_results(trials, cmd, time.monotonic() - t0, args.out)
+    seconds = time.monotonic() - t0
+    if args.cases and (args.out / "faults.json").exists():  # a subset re-run keeps the other cases' recorded trials
+        old = json.loads((args.out / "faults.json").read_text())
+        ran = {t.case for t in trials}
+        trials = [Trial(**t) for t in old["trials"] if t["case"] not in ran] + trials
+        cmd, seconds = f"{old['command']}`, then `{cmd}", seconds + float(old.get("seconds", 0))
+    path = write_results(trials, cmd, seconds, args.out)
     held = sum(t.held for t in trials)
     print(f"{held}/{len(trials)} trials held; {path}")
     return 0 if held == len(trials) else 1

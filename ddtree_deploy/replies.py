@@ -17,7 +17,7 @@ from typing_extensions import TypedDict
 from .errors import RemoteError
 
 #: Largest reply line accepted (the biggest real one, a package manifest of some 6,000 files, is about 1 MiB).
-REPLY_MAX = 16 << 20
+REPLY_MAX = 8 << 20
 
 
 class Envelope(BaseModel):

@@ -35,7 +35,7 @@ log = logging.getLogger("ddtree_deploy.transport")
 CHUNK = 1 << 16
 #: Seconds between polls of a session channel.
 _POLL = 0.002
-#: Most bytes of a command's stdout kept (a helper's reply is at most about 1 MiB: ``replies.REPLY_MAX`` is this).
+#: Most bytes of a command's stdout kept (twice ``replies.REPLY_MAX``: a helper's reply is at most about 1 MiB).
 STDOUT_MAX = 16 << 20
 #: Most bytes of a command's stderr kept: its tail (what error messages quote).
 STDERR_MAX = 256 << 10
