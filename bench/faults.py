@@ -652,6 +652,12 @@ def hostile_patchset(kind: str, variant: Path, dest: Path, secret: Path) -> Path
     return ps
 
 
+def nothing_stored(store: Path, host: str) -> bool:
+    """No blob (nor a temporary one) and no snapshot entry of ``host`` in the snapshot store ``store``."""
+    return not [f for f in store.rglob("*") if f.is_file() and (f.parent.name in ("objects", ".incoming")
+                                                                 or host in f.parts)]
+
+
 def host_listing(conn: HostConnection, *roots: str) -> str:
     """sha256 of every entry under ``roots`` on the host (path, type, size, mtime, link target): any write there
     changes it (a new file changes its directory's mtime)."""
@@ -802,7 +808,7 @@ class HostileBench:
             notes.update(rss_mib=round(rss / 2**20, 1), seconds=round(time.monotonic() - t0, 1), said=text.strip()[-600:])
             checks["refused-from-header"] = code != 0 and "refused from its header" in text and "Traceback" not in text
             checks["memory-bounded"] = rss < FLOOD_RSS_MAX
-            checks["nothing-stored"] = not any((store / "objects").glob("*")) and not list(store.glob(f"{host.name}/*"))
+            checks["nothing-stored"] = nothing_stored(store, host.name)
             return code, text, all(checks.values())
 
         trial = self.b.trial(f"tar-{kind}", f"{TAR_DECLARED >> 20} MiB declared", fault, probe=False)

@@ -39,8 +39,9 @@ def problems(host: Host, resolved: dict[str, Any]) -> list[str]:
                    f"installed package ({where}); releases would be written into it")
     for name, target in sorted(resolved["links"].items()):
         if release_root_problems(target, site, package):
-            out.append(f"field 'release_root': its entry {name!r} is a symlink to {target!r}, inside site-packages or "
-                       f"the installed package ({where}); a write through it would land there")
+            out.append(f"field 'release_root': {spelled(host.release_root, root)}: its entry {name!r} is a symlink to "
+                       f"{target!r}, inside site-packages or the installed package ({where}); a write through it "
+                       "would land there")
     return out
 
 

@@ -227,11 +227,12 @@ def read_vendored(path: Path, *, what: str) -> bytes:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
-                         "refused; a vendored file must be source") from None
+        raise InputError(f"{what} {path} is not a source file: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+                         f"offset {exc.start}): refused; a vendored file must be source text") from None
     nul = data.find(b"\0")
     if nul >= 0:
-        raise InputError(f"{what} {path} holds a NUL byte (offset {nul}): refused; a vendored file must be source text")
+        raise InputError(f"{what} {path} is not a source file: it holds a NUL byte (offset {nul}): refused; a vendored "
+                         "file must be source text")
     return data
 
 
@@ -375,6 +376,7 @@ def _load_runtime(spec: dict[str, Any], ps_dir: Path, package: str, src: str, *,
             raise InputError(f"{src}: missing required field '{field}.{key}'")
     dest = spec["dest"].rstrip("/")
     check_path_in_package(dest, package, what=f"{src}: field '{field}.dest'")
+    check_source_path(dest, what=f"{src}: field '{field}.dest'")
     if Path(spec["source"]).is_absolute():
         raise InputError(f"{src}: field '{field}.source': must be relative to {PATCHSET_FILE}, got {spec['source']!r}")
     family = ps_dir.parent.resolve()  # patches/<name>/: the runtime may be shared by the bases of one patch set
@@ -387,7 +389,6 @@ def _load_runtime(spec: dict[str, Any], ps_dir: Path, package: str, src: str, *,
     for rel, path in _walk_runtime(source, src):
         out_path = f"{dest}/{rel}"
         check_path_in_package(out_path, package, what=f"{src}: {field} file")
-        check_source_path(out_path, what=f"{src}: {field} file {path}")
         files.append((out_path, path))
     if not files:
         raise InputError(f"{src}: field '{field}.source': {source} has no files to vendor")
@@ -407,6 +408,7 @@ def _walk_runtime(source: Path, src: str) -> Iterator[tuple[str, Path]]:
         dirnames.sort()
         for name in sorted(filenames):
             path = base / name
+            check_source_path(path.relative_to(source).as_posix(), what=f"{src}: runtime file {path}")
             read_vendored(path, what=f"{src}: runtime file")
             yield path.relative_to(source).as_posix(), path
 

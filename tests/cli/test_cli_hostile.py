@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from faults import (  # noqa: E402
     FAKE_TAR, FLOOD_RSS_MAX, HOST_ROOT, HOSTILE, PATCHSET_KINDS, PATH_SPELLINGS, REPLY_KINDS, TAR_DECLARED, TAR_KINDS,
-    host_listing, hostile_patchset, hostile_python, peak_rss_cli, root_spelling)
+    host_listing, hostile_patchset, hostile_python, nothing_stored, peak_rss_cli, root_spelling)
 
 from ddtree_deploy.sandbox import make_local_host  # noqa: E402
 from ddtree_deploy.transport import HostConnection  # noqa: E402
@@ -144,7 +144,7 @@ def test_a_tar_member_declared_huge_is_refused_from_its_header(local_host, wheel
     assert code == 1 and "host tarhost: snapshot refused" in text and "refused from its header" in text, text
     assert str(TAR_DECLARED) in text and "Traceback" not in text
     assert rss < FLOOD_RSS_MAX, f"peak RSS {rss / 2**20:.0f} MiB for a member declared at 1.5 GiB"
-    assert not list((store / "objects").glob("*")) and not list(store.glob("tarhost/*"))
+    assert nothing_stored(store, "tarhost")
 
 
 @pytest.mark.parametrize("kind", PATCHSET_KINDS)
