@@ -21,6 +21,10 @@ A trial "held" when every check passed. Faults:
   apply+apply, apply+stop   a second apply, or `server stop`, while an apply probes
   crash/exit/hang-start     a release whose server crashes (traceback), exits silently, or wedges at start
   corrupt-blob  a blob of the snapshot store corrupted before apply
+  root-<spelling>   release_root spelt to resolve into the package on the host (lib64, a symlink, `..` after one,
+                a trailing slash, a symlinked entry): hosts check, snapshot and apply refuse it, the host unchanged
+  flood, reply-<kind>, tar-<kind>, patchset-<kind>   hostile inputs: a host printing 200 MiB, malformed replies,
+                a tar member declared at 1.5 GiB, patch sets with a .pyc, a binary or a hard link (memory bounded)
 
 Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json.
 The test suite runs a short form (tests/test_faults.py, one trial of a selection).
