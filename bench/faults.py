@@ -27,6 +27,10 @@ A trial "held" when every check passed. Faults:
                             the run rolls back on the full disk; or a cut, so the guardian does)
   rollback-break-lock       `rollback --break-lock` while an apply probes a slow-starting release
   hotfix-at-build           a replaced file edited on the host while the build is held at build:verified
+  root-<spelling>   release_root spelt to resolve into the package on the host (lib64, a symlink, `..` after one,
+                a trailing slash, a symlinked entry): hosts check, snapshot and apply refuse it, the host unchanged
+  flood, reply-<kind>, tar-<kind>, patchset-<kind>   hostile inputs: a host printing 200 MiB, malformed replies,
+                a tar member declared at 1.5 GiB, patch sets with a .pyc, a binary or a hard link (memory bounded)
 
 Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json
 (``--cases ... --merge`` reruns some cases and keeps the other rows, each naming the run it comes from).
@@ -776,6 +780,317 @@ def _size(n: int) -> str:
     return f"{n}B"
 
 
+# -- paths resolved on the host, and hostile inputs bounded ------------------------------------------------------------
+# release_root spelt so that, on the host, it lands inside site-packages or the package (or holds a symlink there):
+# each must be refused by `hosts check`, `snapshot` and `apply` before anything is written. Then hosts that answer
+# with floods, malformed replies and tar members declared huge, and patch sets that carry what is not source.
+# tests/cli/test_cli_hostile.py drives the same inputs through the installed console script.
+HOSTILE = f"{HOST_ROOT}/hostile"
+PATH_SPELLINGS = ("lib64", "symlink", "dotdot", "trailing-slash", "entry-link")
+REPLY_KINDS = {  # what the host's "python" puts in place of the helper's reply line
+    "not-json": "{broken",
+    "not-object": "[1, 2]",
+    "bad-ok": '{"ok": "yes", "result": {}}',
+    "bad-result": '{"ok": true, "result": 5}',
+    "huge": '{"ok": true, "result": "' + "x" * (10 << 20) + '"}',
+}
+FLOOD_BYTES = 200 << 20
+#: Peak RSS the control side may reach while a host floods it (the CLI alone is about 60-90 MiB).
+FLOOD_RSS_MAX = 300 << 20
+TAR_KINDS = ("declared-huge", "not-asked-for")
+TAR_DECLARED = 1536 << 20
+PATCHSET_KINDS = ("patch-pyc", "runtime-pyc", "runtime-hardlink", "runtime-binary")
+
+#: A `tar` for a local host's PATH: one member declared at TAR_DECLARED bytes (the first path asked for, or one
+#: that was not), then zeros until the reader goes away.
+FAKE_TAR = r"""#!{python}
+import os, sys, tarfile
+args = sys.argv[1:]
+src = args[args.index("-T") + 1]
+names = (sys.stdin.buffer.read() if src == "-" else open(src, "rb").read()).split(b"\0")
+info = tarfile.TarInfo(names[0].decode() if "{kind}" == "declared-huge" else "sglang/not-asked-for.py")
+info.size = {size}
+out = sys.stdout.buffer
+out.write(info.tobuf(format=tarfile.GNU_FORMAT))
+block = bytes(1 << 20)
+try:
+    for _ in range({size} >> 20):
+        out.write(block)
+except BrokenPipeError:
+    os._exit(0)
+"""
+
+
+def root_spelling(kind: str, site_packages: str) -> tuple[str, dict[str, str]]:
+    """``release_root`` spelt ``kind`` (landing inside ``site_packages`` or its sglang on the host), and the host-side
+    symlinks (link -> target) it needs."""
+    lib64 = site_packages.replace("/lib/", "/lib64/", 1)
+    into = f"{HOSTILE}/into-package"  # a host-side symlink to a directory inside the installed package
+    links = {into: f"{site_packages}/sglang/srt"}
+    return {
+        "lib64": (f"{lib64}/ddtree-releases", {}),  # the venv's own lib64 -> lib
+        "symlink": (f"{into}/ddtree-releases", links),
+        "dotdot": (f"{into}/../ddtree-releases", links),  # as text /srv/.../hostile/ddtree-releases: outside
+        "trailing-slash": (f"{lib64}/./sglang/", {}),
+        "entry-link": (f"{HOSTILE}/root-with-link", {f"{HOSTILE}/root-with-link/releases": f"{site_packages}/sglang"}),
+    }[kind]
+
+
+def hostile_python(real: str, kind: str, reply_file: str) -> str:
+    """A host 'python' that floods stdout before running ``real`` (``flood``), or runs it and puts the content of
+    ``reply_file`` in place of its reply line (a REPLY_KINDS key)."""
+    if kind == "flood":
+        return f"#!/bin/sh\nhead -c {FLOOD_BYTES} /dev/zero\nexec {real} \"$@\"\n"
+    swap = (f"import sys\nr = open({reply_file!r}).read()\nfor ln in sys.stdin:\n"
+            "    sys.stdout.write(r if ln.startswith('@@DDTREE-RESULT@@') else ln)\n")
+    return f"#!/bin/sh\n{real} \"$@\" | {real} -S -c {_sh_quote(swap)}\n"
+
+
+def _sh_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def hostile_patchset(kind: str, variant: Path, dest: Path, secret: Path) -> Path:
+    """A copy of the patch-set ``variant`` (its sglang-<ver> folder) that carries something that is not source:
+    a patch creating a .pyc, a loose .pyc, a hard link to ``secret`` (outside the patch set), or a binary, in its
+    runtime. Returns its sglang-<ver> folder."""
+    family = dest / kind
+    shutil.rmtree(family, ignore_errors=True)
+    shutil.copytree(variant.parent, family)
+    ps = family / variant.name
+    runtime = family / "runtime"
+    if kind == "patch-pyc":
+        (ps / "9999-pyc.patch").write_text(
+            "diff --git a/sglang/srt/ddtree_hook.pyc b/sglang/srt/ddtree_hook.pyc\nnew file mode 100644\n"
+            "--- /dev/null\n+++ b/sglang/srt/ddtree_hook.pyc\n@@ -0,0 +1 @@\n+not bytecode, but named as if\n")
+        yml = ps / "patchset.yaml"
+        yml.write_text(yml.read_text().replace("series:", "series:\n  - 9999-pyc.patch", 1))
+    elif kind == "runtime-pyc":
+        (runtime / "legacy.pyc").write_bytes(b"\x55\x0d\x0d\x0a" + bytes(12))
+    elif kind == "runtime-hardlink":
+        os.link(secret, runtime / "notes.txt")
+    elif kind == "runtime-binary":
+        (runtime / "kernels.cubin").write_bytes(b"\x7fELF" + bytes(64))
+    return ps
+
+
+def nothing_stored(store: Path, host: str) -> bool:
+    """No blob (nor a temporary one) and no snapshot entry of ``host`` in the snapshot store ``store``."""
+    return not [f for f in store.rglob("*") if f.is_file() and (f.parent.name in ("objects", ".incoming")
+                                                                 or host in f.parts)]
+
+
+def host_listing(conn: HostConnection, *roots: str) -> str:
+    """sha256 of every entry under ``roots`` on the host (path, type, size, mtime, link target): any write there
+    changes it (a new file changes its directory's mtime)."""
+    quoted = " ".join(f"'{r}'" for r in roots)
+    r = conn.run(f"find {quoted} -printf '%p %y %s %T@ %l\\n' 2>/dev/null | LC_ALL=C sort | sha256sum", check=False)
+    return r.text().split()[0]
+
+
+def peak_rss_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int, str, int]:
+    """Run the CLI in a child and return (exit code, its output, peak RSS in bytes of the CLI and its children)."""
+    measure = ("import resource, subprocess, sys\n"
+               "p = subprocess.run(sys.argv[1:], capture_output=True)\n"
+               "sys.stdout.buffer.write(p.stdout + p.stderr)\n"
+               "sys.stderr.write('\\nRSS %d\\n' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+               "sys.exit(p.returncode)\n")
+    proc = subprocess.run([sys.executable, "-c", measure, *args], env=env, capture_output=True, timeout=timeout, cwd=REPO)
+    rss = int(proc.stderr.decode().rsplit("RSS ", 1)[1].split()[0]) * 1024
+    return proc.returncode, proc.stdout.decode(errors="replace"), rss
+
+
+class HostileBench:
+    """The path and hostile-input cases, on a FaultBench's host: each trial checks its own verdict and, through
+    ``FaultBench.trial``, that the fault host itself is untouched (package, state, lock)."""
+
+    def __init__(self, bench: FaultBench) -> None:
+        self.b = bench
+        self.inventory = bench.work / "hosts-hostile"
+        self.env = {**bench.env, "DDTREE_INVENTORY": str(self.inventory)}
+        self.fs = bench.sbox.fs / Path(HOSTILE).relative_to(HOST_ROOT)
+        self.site = bench.host.site_packages
+        self._local: Host | None = None
+
+    def _write(self, name: str, **changes: Any) -> Host:
+        host = dataclasses.replace(self.b.host, name=name, source="", **changes)
+        return load_host_file(write_host_yaml(host, self.inventory))
+
+    def _cli(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+        run = Cli(list(args), env or self.env)
+        return run.finish(), run.text
+
+    def _listing(self) -> str:
+        with HostConnection(self.b.host) as conn:
+            return host_listing(conn, f"{HOST_ROOT}/venv", HOSTILE)
+
+    def _fresh_dir(self) -> None:
+        shutil.rmtree(self.fs, ignore_errors=True)
+        self.fs.mkdir(parents=True)
+
+    # -- release_root resolving into the package ------------------------------------------------------------------------
+    def path_trial(self, kind: str) -> Trial:
+        root, links = root_spelling(kind, self.site)
+        name = "faults-paths"
+
+        def fault() -> tuple[int | None, str, bool]:
+            self._fresh_dir()
+            self._write(name, release_root=f"{HOSTILE}/good-root")
+            code, text = self._cli("snapshot", name)  # a fresh snapshot, so `apply` goes straight to the host
+            if code != 0:
+                raise RuntimeError(f"snapshot with a good root failed:\n{text[-2000:]}")
+            with HostConnection(self.b.host) as conn:
+                for link, target in links.items():
+                    conn.run(f"mkdir -p '{os.path.dirname(link)}' && ln -sfn '{target}' '{link}'")
+            bad = self._write(name, release_root=root)
+            before = self._listing()
+            said = {}
+            for cmd in (["hosts", "check", "--json", name], ["snapshot", name],
+                        ["apply", "--host", name, "--patchset", str(self.b.patchsets["a"])]):
+                code, text = self._cli(*cmd)
+                said[cmd[0]] = code, " ".join(text.split())  # as one line: a table or a long line may wrap it
+            same = self._listing() == before
+            notes.update({k: v[1].strip()[-600:] for k, v in said.items()}, identical=same)
+            checks.update({f"{k}-refused": v[0] == 2 and ("resolves" in v[1] or "symlink to" in v[1])
+                           for k, v in said.items()})
+            checks["both-spellings"] = all(repr(bad.release_root) in v[1] and ("resolved on the host" in v[1]
+                                                                              or "symlink to" in v[1])
+                                           for v in said.values())
+            checks["host-identical"] = same
+            return said["apply"][0], "".join(v[1] for v in said.values()), all(checks.values())
+
+        checks: dict[str, bool] = {}
+        notes: dict[str, Any] = {}
+        trial = self.b.trial(f"root-{kind}", root, fault, probe=False)
+        return self._verdict(trial, checks, notes)
+
+    def _verdict(self, trial: Trial, checks: dict[str, bool], notes: dict[str, Any]) -> Trial:
+        trial.checks.update(checks)
+        trial.notes.update(notes)
+        trial.held = all(trial.checks.values())
+        return trial
+
+    # -- a host that floods, or answers malformed replies ----------------------------------------------------------------
+    def _python(self, kind: str) -> Host:
+        self._fresh_dir()
+        reply = self.fs / "reply"
+        if kind in REPLY_KINDS:
+            reply.write_text("@@DDTREE-RESULT@@" + REPLY_KINDS[kind] + "\n")
+        script = self.fs / f"python-{kind}"
+        script.write_text(hostile_python(self.b.host.python, "flood" if kind == "flood" else "reply", f"{HOSTILE}/reply"))
+        script.chmod(0o755)
+        return self._write(f"faults-{kind}", python=f"{HOSTILE}/python-{kind}")
+
+    def reply_trial(self, kind: str) -> Trial:
+        checks: dict[str, bool] = {}
+        notes: dict[str, Any] = {}
+
+        def fault() -> tuple[int | None, str, bool]:
+            host = self._python(kind)
+            before = self._listing()
+            code, text, rss = peak_rss_cli([sys.executable, "-m", "ddtree_deploy", "hosts", "check", host.name], self.env)
+            notes.update(rss_mib=round(rss / 2**20, 1), said=text.strip()[-600:])
+            want = "printed more than" if kind == "flood" else "malformed reply"
+            checks["clear-error"] = (code != 0 and want in text and f"host {host.name}" in text
+                                     and "hostinfo.check" in text and "internal error" not in text
+                                     and "Traceback" not in text)
+            checks["memory-bounded"] = rss < FLOOD_RSS_MAX
+            checks["host-identical"] = self._listing() == before
+            return code, text, all(checks.values())
+
+        trial = self.b.trial("flood" if kind == "flood" else f"reply-{kind}",
+                             f"{FLOOD_BYTES >> 20} MiB on stdout" if kind == "flood" else "hosts check", fault, probe=False)
+        return self._verdict(trial, checks, notes)
+
+    # -- tar members declared huge ------------------------------------------------------------------------------------
+    def local_host(self) -> Host:
+        if self._local is None:
+            from ddtree_deploy.sandbox import make_local_host
+
+            path = make_local_host(self.b.work / "local-host", self.inventory, name="faults-local")
+            self._local = load_host_file(path)
+        return self._local
+
+    def tar_trial(self, kind: str) -> Trial:
+        checks: dict[str, bool] = {}
+        notes: dict[str, Any] = {}
+
+        def fault() -> tuple[int | None, str, bool]:
+            host = self.local_host()
+            bin_dir = self.b.work / f"fake-tar-{kind}"
+            bin_dir.mkdir(exist_ok=True)
+            tar = bin_dir / "tar"
+            tar.write_text(FAKE_TAR.format(python=sys.executable, kind=kind, size=TAR_DECLARED))
+            tar.chmod(0o755)
+            store = self.b.work / f"store-{kind}"
+            shutil.rmtree(store, ignore_errors=True)
+            env = {**self.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DDTREE_SNAPSHOTS": str(store)}
+            t0 = time.monotonic()
+            code, text, rss = peak_rss_cli([sys.executable, "-m", "ddtree_deploy", "snapshot", host.name], env)
+            notes.update(rss_mib=round(rss / 2**20, 1), seconds=round(time.monotonic() - t0, 1), said=text.strip()[-600:])
+            checks["refused-from-header"] = code != 0 and "refused from its header" in text and "Traceback" not in text
+            checks["memory-bounded"] = rss < FLOOD_RSS_MAX
+            checks["nothing-stored"] = nothing_stored(store, host.name)
+            return code, text, all(checks.values())
+
+        trial = self.b.trial(f"tar-{kind}", f"{TAR_DECLARED >> 20} MiB declared", fault, probe=False)
+        return self._verdict(trial, checks, notes)
+
+    # -- patch sets carrying what is not source ---------------------------------------------------------------------------
+    def patchset_trial(self, kind: str) -> Trial:
+        checks: dict[str, bool] = {}
+        notes: dict[str, Any] = {}
+
+        def fault() -> tuple[int | None, str, bool]:
+            secret = self.b.work / "secret.txt"
+            secret.write_text("a file outside the patch set\n")
+            ps = hostile_patchset(kind, self.b.patchsets["b"], self.b.work / "hostile-patches", secret)
+            before = self._listing()
+            said = {"show": self._cli("patchset", "show", str(ps)),
+                    "apply": self._cli("apply", "--host", self.b.host.name, "--patchset", str(ps), env=self.b.env)}
+            said = {k: (code, " ".join(text.split())) for k, (code, text) in said.items()}
+            word = {"patch-pyc": "not a source file", "runtime-pyc": "not a source file",
+                    "runtime-hardlink": "is a hard link", "runtime-binary": "not a source file"}[kind]
+            notes.update({k: v[1].strip()[-400:] for k, v in said.items()})
+            checks.update({f"{k}-refused": v[0] == 2 and word in v[1] for k, v in said.items()})
+            checks["host-identical"] = self._listing() == before
+            return said["apply"][0], "".join(v[1] for v in said.values()), all(checks.values())
+
+        trial = self.b.trial(f"patchset-{kind}", "patchset show + apply", fault, probe=False)
+        return self._verdict(trial, checks, notes)
+
+
+def hostile_summary(trials: list[Trial]) -> list[str]:
+    """The results file's lines for this block: what a flood and a huge tar member cost the control side."""
+    rss = {t.case: t.notes.get("rss_mib") for t in trials if "rss_mib" in t.notes}
+    if not rss:
+        return []
+    worst = {k: max(v for c, v in rss.items() if c.startswith(k)) for k in ("flood", "reply", "tar") if
+             any(c.startswith(k) for c in rss)}
+    return ["", "Hostile inputs, peak RSS of the CLI and its children (limit " f"{FLOOD_RSS_MAX >> 20} MiB): "
+            + "; ".join(f"{k} {v} MiB" for k, v in worst.items())
+            + f" (flood: the host's python printed {FLOOD_BYTES >> 20} MiB; tar: one member declared at "
+            f"{TAR_DECLARED >> 20} MiB). root-*: release_root spellings that the host resolves into the package, each "
+            "refused by hosts check, snapshot and apply with the host's tree unchanged."]
+
+
+def run_hostile(bench: FaultBench, each: int, short: bool, want: Callable[[str], bool]) -> list[Trial]:
+    """The cases of this block: ``paths`` (every spelling) and ``hostile`` (flood, replies, tar, patch sets)."""
+    hb, out = HostileBench(bench), []
+    if want("paths"):
+        out += [hb.path_trial(k) for _ in range(each) for k in (SHORT["paths"] if short else PATH_SPELLINGS)]
+    if want("hostile"):
+        kinds = SHORT["hostile"] if short else ["flood", *REPLY_KINDS, *TAR_KINDS, *PATCHSET_KINDS]
+        for _ in range(each):
+            for k in kinds:
+                trial = (hb.reply_trial if k == "flood" or k in REPLY_KINDS else
+                         hb.tar_trial if k in TAR_KINDS else hb.patchset_trial)(k)
+                out.append(trial)
+    return out
+
+
 # -- the plan of trials ------------------------------------------------------------------------------------------------------
 #: Cut points spread over push, switch, restart, probe and finish (host-side pauses and the CLI's progress lines).
 CUT_POINTS = ["plan+0", "push+0", "build:verified", "build:linked", "build:committed", "switch:pending", "switch:flipped",
@@ -790,6 +1105,7 @@ DISK_AFTER_POINTS = ["switch:flipped", "server:restart", "startup+0"]
 SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
     "cut": ["switch:pending"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
     "guardian": ["startup+0.3"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
+    "paths": ["dotdot"], "hostile": ["bad-result", "patch-pyc"],
 }
 
 
@@ -829,6 +1145,7 @@ def run_suite(bench: FaultBench, trials: int, cases: set[str] | None = None, sho
     if want("hotfix"):
         out += [bench.hotfix_at_build() for _ in range(each)]
     bench.teardown_disk()
+    out += run_hostile(bench, each, short, want)
     return out
 
 
@@ -908,6 +1225,7 @@ def write_results(trials: list[Trial], command: str, seconds: float, out_dir: Pa
     failed = [t for t in everything if not t.held]
     md += ["", "## Trials that did not hold", ""] + ([f"- {t.case} at {t.point}: {json.dumps(t.checks)} — {t.message}" for t in failed]
                                                      or ["none"])
+    md += hostile_summary(everything)
     hang = [t for t in everything if t.case == "hang-start"]
     if hang:
         md += ["", f"Wedged start (log silent, /health failing) detected by the no-progress rule "
@@ -937,7 +1255,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=20, help="trials of the mid-push cut (at least 20); other cases scale")
     p.add_argument("--cases", default="", help="comma-separated subset: cut-push,cut,sigint,sigkill,server,concurrent,"
-                   "corrupt,disk,guardian,sshd,disk-after,break-lock,hotfix")
+                   "corrupt,disk,guardian,sshd,disk-after,break-lock,hotfix,paths,hostile")
     p.add_argument("--short", action="store_true", help="the short selection the test suite runs")
     p.add_argument("--engine", choices=("refengine", "standin"), default="refengine",
                    help="the host's server: the reference engine (real decoding) or the tests' stand-in (faster)")

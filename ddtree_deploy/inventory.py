@@ -198,11 +198,14 @@ def _cross_field_problems(doc: dict[str, Any], data: dict[str, Any], path: Path)
     return problems
 
 
-def release_root_problems(release_root: str, site_packages: str) -> list[str]:
-    """``release_root`` must lie outside site-packages (and so outside the installed package): releases are
-    written there, and the installed package is never to be touched."""
+def release_root_problems(release_root: str, site_packages: str, package: str | None = None) -> list[str]:
+    """``release_root`` must lie outside site-packages and the installed package (``package``, by default
+    ``<site_packages>/sglang``): releases are written there, and the installed package is never to be touched.
+
+    Compares the paths as given (normalised as text): the host file's check. ``hostpaths`` calls it again with the
+    paths as the host resolves them, which is what a write follows."""
     root, site = posixpath.normpath(release_root), posixpath.normpath(site_packages)
-    package = posixpath.join(site, "sglang")
+    package = posixpath.normpath(package) if package else posixpath.join(site, "sglang")
     if root == "/":
         return ["field 'release_root': expected a directory of its own, got '/'"]
     for inside, what in ((package, "the installed package"), (site, "site-packages")):

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from typing import IO, Iterable, Iterator
 
 from .errors import RemoteError, TransportError
-from .transport import CHUNK, HostConnection, RunResult, SessionChannel, StreamReader, pump_stdin, short
+from .transport import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
+                        StreamReader, output_overflow, pump_stdin, short)
 
 log = logging.getLogger("ddtree_deploy.transport")
 
@@ -65,9 +66,10 @@ class LocalConnection(HostConnection):
         proc = self._spawn(command, stdin=stdin is not None)
         writer = pump_stdin(stdin, proc.stdin.write, proc.stdin.close) if stdin is not None else None  # type: ignore[union-attr]
         out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()  # type: ignore[union-attr]
-        buffers = {out_fd: bytearray(), err_fd: bytearray()}
+        out, err = Capture(STDOUT_MAX), Capture(STDERR_MAX, tail=True)
+        captures = {out_fd: out, err_fd: err}
         sel = selectors.DefaultSelector()
-        for fd in buffers:
+        for fd in captures:
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ)
         try:
@@ -81,10 +83,11 @@ class LocalConnection(HostConnection):
                         data = os.read(key.fd, CHUNK)
                     except BlockingIOError:
                         continue
-                    if data:
-                        buffers[key.fd] += data
-                    else:
+                    if not data:
                         sel.unregister(key.fd)
+                    elif not captures[key.fd].add(data):
+                        _kill_group(proc)
+                        raise output_overflow(self.host.name, short(command))
                 if not events and proc.poll() is not None:
                     break  # the shell is gone and its pipes are quiet (a detached server may hold them open)
             code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -98,7 +101,7 @@ class LocalConnection(HostConnection):
                     pipe.close()
             if writer is not None:
                 writer.join(timeout=1.0)
-        result = RunResult(command, code, bytes(buffers[out_fd]), bytes(buffers[err_fd]), time.monotonic() - start)
+        result = RunResult(command, code, out.value(), err.value(), time.monotonic() - start, err.dropped)
         log.debug("%s: ran %s: exit %s in %.2f s", self.host.name, short(command, 80), code, result.seconds)
         return self.check_failed(result) if check else result
 
@@ -106,8 +109,13 @@ class LocalConnection(HostConnection):
     def stream_out(self, command: str, *, timeout: float | None = None) -> Iterator[IO[bytes]]:
         timeout = timeout or self.host.command_timeout
         proc = self._spawn(command, stdin=False)
-        stderr = bytearray()
-        drain = threading.Thread(target=lambda: stderr.extend(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+        stderr = Capture(STDERR_MAX, tail=True)
+
+        def drain_stderr() -> None:
+            while chunk := proc.stderr.read1(CHUNK):  # type: ignore[union-attr]
+                stderr.add(chunk)
+
+        drain = threading.Thread(target=drain_stderr, daemon=True)
         drain.start()
         reader = _DeadlineReader(proc, time.monotonic() + timeout, max(self.host.connect_timeout, 30.0),
                                  self.host.name, command)
@@ -116,7 +124,7 @@ class LocalConnection(HostConnection):
             code = proc.wait(timeout=max(0.1, reader.deadline - time.monotonic()))
             drain.join(timeout=1.0)
             if code != 0:
-                raise RemoteError(self.host.name, short(command), f"exit {code}: {stderr.decode(errors='replace')[-2000:]}",
+                raise RemoteError(self.host.name, short(command), f"exit {code}: {stderr.value().decode(errors='replace')[-2000:]}",
                                   kind="exit")
         except subprocess.TimeoutExpired as exc:
             raise TransportError(self.host.name, f"stream timed out: {short(command)}") from exc

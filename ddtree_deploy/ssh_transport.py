@@ -27,7 +27,8 @@ from fabric import Config, Connection
 
 from .errors import HostKeyError, InputError, RemoteError, TransportError
 from .inventory import Host
-from .transport import CHUNK, HostConnection, RunResult, SessionChannel, StreamReader, pump_stdin, short
+from .transport import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
+                        StreamReader, output_overflow, pump_stdin, short)
 
 log = logging.getLogger("ddtree_deploy.transport")
 # paramiko's transport thread logs its own exceptions (tracebacks included) at ERROR; we report every failure
@@ -242,7 +243,7 @@ class SSHConnection(HostConnection):
         start = time.monotonic()
         deadline = start + timeout
         chan = self._channel()
-        out, err = bytearray(), bytearray()
+        out, err = Capture(STDOUT_MAX), Capture(STDERR_MAX, tail=True)
         try:
             chan.exec_command(command)
             writer = None
@@ -254,10 +255,11 @@ class SSHConnection(HostConnection):
             while True:
                 progressed = False
                 while chan.recv_ready():
-                    out += chan.recv(CHUNK)
+                    if not out.add(chan.recv(CHUNK)):
+                        raise output_overflow(self.host.name, short(command))  # closing the channel stops it
                     progressed = True
                 while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(CHUNK)
+                    err.add(chan.recv_stderr(CHUNK))
                     progressed = True
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     # sshd may send the exit status before the last of the output: the end of the output is the
@@ -279,7 +281,7 @@ class SSHConnection(HostConnection):
             raise TransportError(self.host.name, f"SSH channel failed during {short(command)}: {exc}") from exc
         finally:
             chan.close()
-        result = RunResult(command, code, bytes(out), bytes(err), time.monotonic() - start)
+        result = RunResult(command, code, out.value(), err.value(), time.monotonic() - start, err.dropped)
         log.debug("%s: ran %s: exit %s in %.2f s", self.host.name, short(command, 80), code, result.seconds)
         return self.check_failed(result) if check else result
 
@@ -296,10 +298,10 @@ class SSHConnection(HostConnection):
             yield reader
             code = chan.recv_exit_status()
             if code != 0:
-                err = b""
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(CHUNK)
-                raise RemoteError(self.host.name, short(command), f"exit {code}: {err.decode(errors='replace')[-2000:]}", kind="exit")
+                err = Capture(STDERR_MAX, tail=True)
+                while chan.recv_stderr_ready() and err.dropped < STDERR_MAX:
+                    err.add(chan.recv_stderr(CHUNK))
+                raise RemoteError(self.host.name, short(command), f"exit {code}: {err.value().decode(errors='replace')[-2000:]}", kind="exit")
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(self.host.name, f"stream from {short(command)} failed: {exc}") from exc
         finally:

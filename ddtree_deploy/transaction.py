@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from . import hostpaths
 from .errors import EXIT_OK
 from .inventory import Host
 from .probe import Prober, ProbeResult, guard_spec
@@ -99,6 +100,7 @@ def run_on_host(host: Host, command: str, *, break_lock: bool = False, progress:
     if it passes, which needs the server to be running it already: the probe checks where the server loaded DDTree
     from; else, or when it fails, roll it back). The block then works on a host that is on a good release."""
     with HostConnection(host) as conn:
+        hostpaths.check(conn, host)  # before the lock: a root that resolves into the package gets nothing written
         mgr = ReleaseManager(conn, run_id or new_run_id())
         with mgr.locked(command, break_lock=break_lock, guard=guard_spec(host), wait=SETTLING_WAIT) as info:
             if info.get("broken"):

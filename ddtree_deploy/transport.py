@@ -9,11 +9,15 @@ every command against its local host.
 Every connection offers the same four primitives the rest of the tool is built on: ``run`` (a shell command,
 optionally fed bytes on its stdin, never ours), ``send_stream`` / ``stream_out`` (binary tar streams in either
 direction) and ``call`` (one round trip to the stdlib-only helper programs in ``ddtree_deploy.remote``).
+
+What a host sends back is bounded on this side whatever the host does: a command's stdout is kept up to
+``STDOUT_MAX`` bytes (past that the command is stopped and the run is an error of kind ``output``), its stderr to
+its last ``STDERR_MAX`` bytes (with a note of what was dropped), and a reply is parsed against its schema
+(``replies``), so a flooding or lying host costs bounded memory and ends in a clear error naming it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import threading
@@ -31,6 +35,10 @@ log = logging.getLogger("ddtree_deploy.transport")
 CHUNK = 1 << 16
 #: Seconds between polls of a session channel.
 _POLL = 0.002
+#: Most bytes of a command's stdout kept (twice ``replies.REPLY_MAX``: a helper's reply is at most about 1 MiB).
+STDOUT_MAX = 16 << 20
+#: Most bytes of a command's stderr kept: its tail (what error messages quote).
+STDERR_MAX = 256 << 10
 
 @dataclass
 class RunResult:
@@ -41,6 +49,7 @@ class RunResult:
     stdout: bytes
     stderr: bytes
     seconds: float
+    stderr_dropped: int = 0  # bytes of stderr before the kept tail
 
     @property
     def ok(self) -> bool:
@@ -48,6 +57,39 @@ class RunResult:
 
     def text(self) -> str:
         return self.stdout.decode(errors="replace")
+
+
+class Capture:
+    """One output stream of a command, kept to ``limit`` bytes: the head (stdout: ``add`` says False once it is
+    full, and the caller stops the command) or the tail (stderr: older bytes are dropped and counted)."""
+
+    def __init__(self, limit: int, *, tail: bool = False) -> None:
+        self.buf = bytearray()
+        self.limit, self.tail = limit, tail
+        self.dropped = 0
+
+    def add(self, data: bytes) -> bool:
+        """Keep ``data`` (within the limit); False when a head capture overflowed."""
+        self.buf += data
+        over = len(self.buf) - self.limit
+        if over <= 0:
+            return True
+        self.dropped += over
+        if self.tail:
+            del self.buf[:over]
+            return True
+        del self.buf[self.limit:]
+        return False
+
+    def value(self) -> bytes:
+        return bytes(self.buf)
+
+
+def output_overflow(host: str, what: str) -> RemoteError:
+    """The error for a command whose stdout passed STDOUT_MAX: it was stopped there."""
+    return RemoteError(host, what, f"printed more than {STDOUT_MAX >> 20} MiB on stdout, so it was stopped there (the "
+                       "control side keeps no more; a helper's reply is far smaller): something on the host writes "
+                       "to stdout, e.g. the host file's 'python' or a shell start-up file", kind="output")
 
 
 class HostConnection:
@@ -99,7 +141,9 @@ class HostConnection:
     def check_failed(self, result: RunResult) -> RunResult:
         """Raise RemoteError for a non-zero exit, with the tail of what the command said."""
         if result.exit_code != 0:
-            tail = result.stderr.decode(errors="replace").strip()[-2000:] or result.text().strip()[-2000:]
+            tail = _tail(result.stderr) or _tail(result.stdout)
+            if result.stderr_dropped:
+                tail = f"[{result.stderr_dropped} earlier bytes of stderr dropped] {tail}"
             raise RemoteError(self.host.name, short(result.command), f"exit {result.exit_code}: {tail}", kind="exit")
         return result
 
@@ -127,9 +171,14 @@ class HostConnection:
                 sent += len(chunk)
                 yield chunk
 
-        result = self.run(command, stdin=head if stream is None else counted(), timeout=timeout, check=False)
+        try:
+            result = self.run(command, stdin=head if stream is None else counted(), timeout=timeout, check=False)
+        except RemoteError as exc:
+            if exc.kind != "output":
+                raise
+            raise output_overflow(self.host.name, f"{module}.{op}") from None
         log.debug("%s: %s.%s exit %s in %.2f s", self.host.name, module, op, result.exit_code, result.seconds)
-        if stream is not None and result.exit_code == -1 and RESULT_MARKER not in result.text():
+        if stream is not None and result.exit_code == -1 and RESULT_MARKER.encode() not in result.stdout:
             raise TransportError(self.host.name, f"connection lost while streaming into remote {module}.{op} "
                                  f"({sent} bytes sent)")
         return parse_reply(self.host.name, f"{module}.{op}", result)
@@ -190,13 +239,21 @@ class RemoteSession:
         self._buf = b""
 
     def _line(self) -> bytes | None:
+        """The next complete reply line; what comes before its marker is dropped, so the buffer stays bounded."""
+        from .replies import REPLY_MAX, malformed
+
         marker = RESULT_MARKER.encode()
-        if marker not in self._buf:
+        at = self._buf.find(marker)
+        if at < 0:
+            self._buf = self._buf[-(len(marker) - 1):]  # a marker split across reads is kept
             return None
-        rest = self._buf.split(marker, 1)[1]
-        if b"\n" not in rest:
+        self._buf = self._buf[at:]
+        end = self._buf.find(b"\n", len(marker))
+        if end < 0:
+            if len(self._buf) > REPLY_MAX + len(marker):
+                raise malformed(self.host, self.op, f"a reply line of more than {REPLY_MAX >> 20} MiB")
             return None
-        line, self._buf = rest.split(b"\n", 1)
+        line, self._buf = self._buf[len(marker):end], self._buf[end + 1:]
         return line
 
     def reply(self, timeout: float) -> Any:
@@ -215,19 +272,18 @@ class RemoteSession:
                 if self.chan.closed or self.chan.exit_status_ready():
                     raise EOFError("connection closed")
             except (OSError, EOFError) as exc:
-                err = b""
+                err = Capture(STDERR_MAX, tail=True)
                 try:
-                    while self.chan.recv_stderr_ready():
-                        err += self.chan.recv_stderr(CHUNK)
+                    while self.chan.recv_stderr_ready() and err.dropped < STDERR_MAX:
+                        err.add(self.chan.recv_stderr(CHUNK))
                 except Exception:
                     pass
-                tail = err.decode(errors="replace").strip()[-1500:]
+                tail = _tail(err.value(), 1500)
                 raise TransportError(self.host, f"remote {self.op} ended without an answer: {tail or exc}") from exc
             time.sleep(_POLL)
-        reply = json.loads(line)
-        if not reply.get("ok", True):
-            raise RemoteError(self.host, self.op, reply.get("error", "unknown error"), kind=reply.get("kind", "error"))
-        return reply.get("result")
+        from .replies import parse
+
+        return parse(self.host, self.op, line)
 
     def send(self, line: str) -> bool:
         """Send one command line; False when the channel is gone."""
@@ -245,15 +301,22 @@ class RemoteSession:
 
 
 def parse_reply(host: str, what: str, result: RunResult) -> Any:
-    """The helper's reply (after RESULT_MARKER on stdout), or RemoteError with what the program said instead."""
-    text = result.text()
-    if RESULT_MARKER not in text:
-        detail = (result.stderr.decode(errors="replace") or text).strip()[-2000:]
+    """The helper's reply (the line after the last RESULT_MARKER on stdout), parsed against its schema
+    (``replies.parse``), or RemoteError with what the program said instead."""
+    from .replies import parse
+
+    marker = RESULT_MARKER.encode()
+    at = result.stdout.rfind(marker)
+    if at < 0:
+        detail = _tail(result.stderr) or _tail(result.stdout)
         raise RemoteError(host, what, f"helper exited {result.exit_code} without a result: {detail}", kind="crash")
-    reply = json.loads(text.rsplit(RESULT_MARKER, 1)[1].strip().splitlines()[0])
-    if not reply.get("ok"):
-        raise RemoteError(host, what, reply.get("error", "unknown error"), kind=reply.get("kind", "error"))
-    return reply.get("result")
+    line = result.stdout[at + len(marker):].lstrip()
+    return parse(host, what, line.split(b"\n", 1)[0])
+
+
+def _tail(data: bytes, limit: int = 2000) -> str:
+    """The last ``limit`` characters of a command's output, as text for a message."""
+    return data[-4 * limit:].decode(errors="replace").strip()[-limit:]
 
 
 def pump_stdin(stdin: bytes | Iterable[bytes], send: Callable[[bytes], Any], close: Callable[[], Any]) -> threading.Thread:

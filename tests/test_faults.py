@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from faults import SHORT, FaultBench, Trial  # noqa: E402
+from faults import REPLY_KINDS, SHORT, FaultBench, HostileBench, Trial  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.faults]
 
@@ -100,3 +100,16 @@ def test_rollback_break_lock_mid_probe_settles_once(bench):
 
 def test_hotfix_held_at_build_verified_stops_the_switch(bench):
     _held(bench.hotfix_at_build())
+
+
+@pytest.mark.parametrize("kind", SHORT["paths"])
+def test_release_root_resolving_into_the_package(bench, kind):
+    """A release_root that the host resolves into the installed package is refused by hosts check, snapshot and
+    apply, both spellings shown, the host left byte-identical (the long form runs every spelling)."""
+    _held(HostileBench(bench).path_trial(kind))
+
+
+@pytest.mark.parametrize("kind", SHORT["hostile"])
+def test_hostile_input(bench, kind):
+    hb = HostileBench(bench)
+    _held(hb.reply_trial(kind) if kind in REPLY_KINDS else hb.patchset_trial(kind))

@@ -333,8 +333,9 @@ def test_tar_reader_agrees_with_tarfile_on_real_tar_output(tmp_path, fmt) -> Non
     with tarfile.open(archive) as tf:
         expected = {m.name: tf.extractfile(m).read() for m in tf if m.isfile()}
     with open(archive, "rb") as fh:
-        got = {name: data for name, flag, data in tar_entries(fh) if flag in (b"0", b"\0")}
-    assert got == expected and len(got) == 3
+        got = {name: (size, b"".join(body())) for name, flag, size, body in tar_entries(fh) if flag in (b"0", b"\0")}
+    assert {n: data for n, (_, data) in got.items()} == expected and len(got) == 3
+    assert all(size == len(data) for size, data in got.values())
     truncated = archive.read_bytes()[:2000]
     with pytest.raises(EOFError):
         list(tar_entries(__import__("io").BytesIO(truncated)))

@@ -4,6 +4,7 @@ timeouts that end the whole command, tar streams, the remote helper's reply prot
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from ddtree_deploy.errors import RemoteError, TransportError
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.local_transport import LocalConnection
-from ddtree_deploy.transport import HostConnection
+from ddtree_deploy.transport import STDERR_MAX, STDOUT_MAX, HostConnection
 from transport_checks import check_tar_streams_both_ways
 
 
@@ -90,3 +91,16 @@ def test_commands_do_not_inherit_our_pythonpath(host, monkeypatch) -> None:
         out = conn.run('echo "${PYTHONPATH-unset} $DDTREE_MARK"').text().strip()
     assert out == "unset kept"
     assert os.environ["PYTHONPATH"] == "/somewhere/else"
+
+
+def test_a_flood_on_stdout_stops_the_command_and_memory_stays_bounded(host) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with HostConnection(host) as conn:
+        with pytest.raises(RemoteError, match="printed more than 16 MiB on stdout") as info:
+            conn.run("head -c 200000000 /dev/zero")
+        assert info.value.kind == "output"
+        noisy = conn.run("head -c 3000000 /dev/zero >&2; echo done >&2; exit 4", check=False)
+    assert len(noisy.stderr) == STDERR_MAX and noisy.stderr.endswith(b"done\n")
+    assert noisy.stderr_dropped == 3000005 - STDERR_MAX
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert grown < 3 * STDOUT_MAX, f"peak RSS grew {grown >> 20} MiB"

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import typer
 
+from .. import hostpaths
 from ..console import emit_json, out, table
 from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError
 from ..inventory import Host, default_inventory_dir, scan_inventory
@@ -67,8 +68,8 @@ def check_cmd(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Connect to each host and report its Python and installed SGLang version (exit 3 if one is unreachable, 2 if
-    a host file is bad)."""
+    """Connect to each host and report its Python and installed SGLang version, and resolve its paths there (exit 3 if
+    one is unreachable, 2 if a host file is bad, or its release_root resolves into site-packages or the package)."""
     selected, unusable = select(names, not names, inventory)
     if not selected and not unusable:
         if as_json:
@@ -80,8 +81,14 @@ def check_cmd(
     for host in selected:
         try:
             with HostConnection(host) as conn:
-                info = conn.call("hostinfo", "check", site_packages=host.site_packages, timeout=host.connect_timeout * 6)
-            rows.append({"host": host.name, "ok": True, **info})
+                info = conn.call("hostinfo", "check", site_packages=host.site_packages, release_root=host.release_root,
+                                 interpreter=host.python, timeout=host.connect_timeout * 6)
+            wrong = hostpaths.problems(host, info["paths"])
+            if wrong:
+                worst = max(worst, EXIT_USAGE)
+                rows.append({"host": host.name, "ok": False, **info, "error": f"{host.source}: " + "; ".join(wrong)})
+            else:
+                rows.append({"host": host.name, "ok": True, **info})
         except DeployError as exc:
             worst = max(worst, exc.exit_code if exc.exit_code != 1 else EXIT_UNREACHABLE)
             rows.append({"host": host.name, "ok": False, "error": str(exc)})

@@ -28,7 +28,7 @@ from ..overlay import Overlay, OverlayFile
 from .base import BaseSource, WheelBase, as_base_source
 from .explain import explain_failure, format_failure
 from .diff import MODE_EXEC, PatchFile
-from .format import MAX_FILE_BYTES, PatchSet, read_limited
+from .format import MAX_FILE_BYTES, PatchSet, read_vendored
 
 Progress = Callable[[str], None]
 
@@ -291,7 +291,7 @@ def _collect(stage: Path, patchset: PatchSet, base: BaseSource, base_bytes: dict
                 files.append(OverlayFile(path=path, content=content, mode=mode, action="replace"))
     for vendored in patchset.vendored:
         for dest, src in vendored.files:
-            data = read_limited(src, what="runtime file")
+            data = read_vendored(src, what="runtime file")
             mode = 0o755 if os.stat(src).st_mode & 0o111 else 0o644
             files.append(OverlayFile(path=dest, content=data, mode=mode, action="replace" if base.has(dest) else "add"))
     return sorted(files, key=lambda f: f.path)

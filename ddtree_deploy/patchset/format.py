@@ -4,7 +4,10 @@ Loading validates everything a hostile or sloppy patch set could get wrong *befo
 (every error names the file and field), series entries that leave the patch-set directory or are symlinks, patches
 whose paths leave the package (``../``, absolute, ``.git``), symlinks or submodules created by a patch (mode
 120000/160000), binary patches, deletions and renames (an overlay can only add or replace files), vendored runtime
-files that are symlinks or leave the package, and files over the size limit. A loaded :class:`PatchSet` is
+files that are symlinks or leave the package, files over the size limit, hard links (a second name for a file that
+may live outside the patch set), and anything that is not source: compiled or binary files (``.pyc``, ``.so``, a
+``.pth``, ``__pycache__``) as a patch's target or a vendored file, and vendored files that are not UTF-8 text. A
+loaded :class:`PatchSet` is
 therefore safe to hand to the apply engine (``apply``) and the developer workflow (``dev``). The diffs themselves
 are parsed (and refused) by ``diff``.
 """
@@ -31,9 +34,14 @@ from .diff import PatchFile, check_path_in_package, parse_patch
 #: from a patch set that smuggles in a blob. Real DDTree patches are a few KiB.
 MAX_FILE_BYTES = 2 * 1024 * 1024
 PATCHSET_FILE = "patchset.yaml"
-#: Files of a runtime directory that are build products, never vendored.
+#: Directories of a runtime directory that hold build products (Python writes __pycache__ when the runtime's own
+#: tests import it), never vendored.
 RUNTIME_SKIP_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
-RUNTIME_SKIP_SUFFIXES = (".pyc", ".pyo")
+#: What an overlay may never carry, as a patch's target or a vendored file: compiled or binary files (a sourceless
+#: ``x.pyc`` beside the package's modules is imported as ``x``; a ``.pth`` runs code at start-up). An overlay
+#: carries source only; the host compiles it with its own Python.
+NOT_SOURCE_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".exe", ".o", ".a", ".pth", ".egg", ".whl",
+                       ".zip", ".tar", ".gz", ".xz", ".bz2", ".zst")
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -170,8 +178,12 @@ SCHEMA: dict[str, Field] = {
 
 
 def check_regular_file(path: Path, *, what: str) -> None:
-    """Refuse (InputError naming `what` and the path) a missing file, a symlink, anything but a regular file, and a
-    file over the size limit: a patch set is untrusted input and may not reach outside itself."""
+    """Refuse (InputError naming `what` and the path) a missing file, a symlink, a hard link, anything but a regular
+    file, and a file over the size limit: a patch set is untrusted input and may not reach outside itself.
+
+    A file with a second name (``st_nlink > 1``) may be the other name of any file of this machine (a key, a
+    password file): refused like a symlink, except in the patch sets installed with the tool itself, which a
+    package manager may hard-link from its cache and which are as trusted as the tool's own code."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -180,14 +192,48 @@ def check_regular_file(path: Path, *, what: str) -> None:
         raise InputError(f"{what} {path} is a symlink: refused")
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{what} {path} is not a regular file: refused")
+    if st.st_nlink > 1 and not _installed_with_the_tool(path):
+        raise InputError(f"{what} {path} is a hard link ({st.st_nlink} names for one file, the others possibly outside "
+                         "the patch set): refused", hint="copy the file (cp, not ln) into the patch set")
     if st.st_size > MAX_FILE_BYTES:
         raise InputError(f"{what} {path} is {st.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit per file")
 
 
+def _installed_with_the_tool(path: Path) -> bool:
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(paths.PACKAGED_PATCHES.resolve())
+    except OSError:
+        return False
+
+
 def read_limited(path: Path, *, what: str) -> bytes:
-    """Read a regular file that is not a symlink and not over the size limit."""
+    """Read a regular file that is not a symlink, not a hard link and not over the size limit."""
     check_regular_file(path, what=what)
     return path.read_bytes()
+
+
+def check_source_path(path: str, *, what: str) -> None:
+    """Refuse an overlay path that is not source: a compiled or binary file, or anything under ``__pycache__``."""
+    parts = path.split("/")
+    if "__pycache__" in parts or path.lower().endswith(NOT_SOURCE_SUFFIXES):
+        raise InputError(f"{what}: {path} is not a source file (compiled, binary or a .pth): refused; an overlay "
+                         "carries source only, compiled on the host by its own Python")
+
+
+def read_vendored(path: Path, *, what: str) -> bytes:
+    """A vendored file's bytes: a regular file of its own (no symlink, no hard link), within the size limit, and
+    UTF-8 text with no NUL byte (source, never a binary)."""
+    data = read_limited(path, what=what)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {path} is not a source file: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+                         f"offset {exc.start}): refused; a vendored file must be source text") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise InputError(f"{what} {path} is not a source file: it holds a NUL byte (offset {nul}): refused; a vendored "
+                         "file must be source text")
+    return data
 
 
 def load_patchset(name_or_path: str | Path, *, root: Path | None = None) -> PatchSet:
@@ -307,6 +353,8 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
         except UnicodeDecodeError:
             raise InputError(f"{ppath}: not UTF-8 text") from None
         subject, fps, is_mbox = parse_patch(text, source=str(ppath), package=package)
+        for fp in fps:
+            check_source_path(fp.path, what=f"{ppath}")
         patches.append(PatchFile(name=entry, path=ppath, subject=subject, files=fps, is_mbox=is_mbox))
 
     ps = PatchSet(name=data["name"], version=data["version"], description=data["description"], yaml_path=yaml_path,
@@ -328,6 +376,7 @@ def _load_runtime(spec: dict[str, Any], ps_dir: Path, package: str, src: str, *,
             raise InputError(f"{src}: missing required field '{field}.{key}'")
     dest = spec["dest"].rstrip("/")
     check_path_in_package(dest, package, what=f"{src}: field '{field}.dest'")
+    check_source_path(dest, what=f"{src}: field '{field}.dest'")
     if Path(spec["source"]).is_absolute():
         raise InputError(f"{src}: field '{field}.source': must be relative to {PATCHSET_FILE}, got {spec['source']!r}")
     family = ps_dir.parent.resolve()  # patches/<name>/: the runtime may be shared by the bases of one patch set
@@ -347,7 +396,8 @@ def _load_runtime(spec: dict[str, Any], ps_dir: Path, package: str, src: str, *,
 
 
 def _walk_runtime(source: Path, src: str) -> Iterator[tuple[str, Path]]:
-    """Every regular file under ``source`` (skipping caches), refusing symlinks, specials and oversized files."""
+    """Every regular file under ``source`` (skipping cache directories), refusing symlinks, hard links, specials,
+    oversized files and what is not source text (a loose ``.pyc`` outside ``__pycache__`` is a sourceless module)."""
     for dirpath, dirnames, filenames in os.walk(source, followlinks=False):
         base = Path(dirpath)
         for d in list(dirnames):
@@ -358,9 +408,8 @@ def _walk_runtime(source: Path, src: str) -> Iterator[tuple[str, Path]]:
         dirnames.sort()
         for name in sorted(filenames):
             path = base / name
-            if name.endswith(RUNTIME_SKIP_SUFFIXES):
-                continue
-            check_regular_file(path, what=f"{src}: runtime file")
+            check_source_path(path.relative_to(source).as_posix(), what=f"{src}: runtime file {path}")
+            read_vendored(path, what=f"{src}: runtime file")
             yield path.relative_to(source).as_posix(), path
 
 

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable
 
 from .. import facts as facts_mod
+from .. import hostpaths
 from ..errors import InputError, OperationFailed, RemoteError
 from ..inventory import Host
 from ..transport import HostConnection
@@ -39,6 +40,7 @@ def take(store: SnapshotStore, host: Host, progress: Progress | None = None, *, 
         with HostConnection(host) as conn:
             return take(store, host, progress, connection=conn, refresh=refresh, package=package)
     conn = connection
+    hostpaths.check(conn, host)  # the host's caches are written into the release root: never inside the package
     report = progress or (lambda stage, done, total: None)
     started = time.monotonic()
     stats = SnapshotStats()

@@ -58,7 +58,8 @@ def fetch_blobs(conn: HostConnection, host: Host, objects: Path, incoming: Path,
     command = _tar_command(conn, host, wanted, host_zstd)
     stats.wire = "tar+zstd" if command.local_zstd else "tar"
     job_file = incoming / f"{os.getpid()}-job-{secrets.token_hex(6)}.json"
-    job_file.write_text(json.dumps({"objects": str(objects), "incoming": str(incoming), "wanted": wanted}))
+    job_file.write_text(json.dumps({"objects": str(objects), "incoming": str(incoming), "wanted": wanted,
+                                    "sizes": {p: sizes[p] for p in wanted if p in sizes}}))
     receiver = _Receiver(job_file, command.local_zstd)
     total = sum(sizes.values())
     result: dict[str, Any] = {}
