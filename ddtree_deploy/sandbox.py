@@ -14,9 +14,11 @@ import json
 import os
 import shutil
 import signal
+import shlex
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -226,9 +228,13 @@ def python_env_command(venv: str, wheel: Path) -> str:
     """Shell command that makes a Python environment at ``venv`` (this interpreter, its site-packages visible for
     torch) with ``wheel`` installed into it without dependencies."""
     site = f"{venv}/lib/{PY_TAG}/site-packages"
+    # run from a venv (make's .venv): the new venv's "system" site-packages are the base interpreter's, which lack
+    # torch; a .pth line makes this interpreter's own site-packages visible as well
+    own = sysconfig.get_paths()["purelib"]
+    pth = f" && echo {shlex.quote(own)} > {site}/ddtree-sandbox-parent.pth" if sys.prefix != sys.base_prefix else ""
     return (f"{sys.executable} -m venv --without-pip --system-site-packages {venv} && "
             f"{sys.executable} -m pip install --quiet --no-deps --no-compile --disable-pip-version-check "
-            f"--no-warn-script-location --target {site} {wheel}")
+            f"--no-warn-script-location --target {site} {wheel}{pth}")
 
 
 def copy_refengine(site_packages: Path) -> None:
