@@ -305,11 +305,12 @@ DEFAULT_PATCHSET = "ddtree"
 
 
 def plan(host: Host, *, patchset: str | None = None, max_snapshot_age: float = 3600.0, progress: Progress = _quiet,
-         dry_run: bool = False) -> Plan:
+         dry_run: bool = False, allow_base_drift: bool = False) -> Plan:
     """Resolve the patch set for the host's base version, build the overlay off-host from the host's latest
     snapshot (taking one if there is none or it is older than ``max_snapshot_age`` seconds), and run the ABI
     check. Touches nothing on the host (taking a snapshot only reads it). ``dry_run``: takes no snapshot (the
-    step is in the plan instead) and writes nothing to the local store."""
+    step is in the plan instead) and writes nothing to the local store. ``allow_base_drift``: a base version no
+    series is made for takes the nearest series, applied despite the drift (loud)."""
     from . import abi as abi_mod
     from .patchset import SnapshotBase, build_overlay, find_patchset_for, render_diff
     from .snapshot import SnapshotStore
@@ -326,11 +327,13 @@ def plan(host: Host, *, patchset: str | None = None, max_snapshot_age: float = 3
     base_version = str(snap.package_version or "")
     if not base_version:
         raise OperationFailed(f"host {host.name}: snapshot {snap.id} does not record the installed sglang version")
-    ps = find_patchset_for(patchset or DEFAULT_PATCHSET, base_version)
-    progress(f"{host.name}: applying patch set {ps.name} {ps.version} to snapshot {snap.id} (sglang {base_version})")
+    ps = find_patchset_for(patchset or DEFAULT_PATCHSET, base_version, allow_drift=allow_base_drift)
+    progress(f"{host.name}: applying patch set {ps.name} {ps.version} to snapshot {snap.id} (sglang {base_version})"
+             + (f" [bold red]despite base drift: its series is for {ps.base_version}[/bold red]"
+                if ps.base_version != base_version else ""))
     try:
         base = SnapshotBase(snap, store=store)
-        overlay = build_overlay(ps, base)
+        overlay = build_overlay(ps, base, allow_base_drift=allow_base_drift)
         diff = render_diff(overlay, base)
     except InputError as exc:
         if dry_run or ("store corrupted" not in exc.message and "missing from the store" not in exc.message):
@@ -339,7 +342,7 @@ def plan(host: Host, *, patchset: str | None = None, max_snapshot_age: float = 3
         progress(f"{host.name}: {exc.message}; taking a fresh snapshot to repair the store")
         snap = store.take(host)
         base = SnapshotBase(snap, store=store)
-        overlay = build_overlay(ps, base)
+        overlay = build_overlay(ps, base, allow_base_drift=allow_base_drift)
         diff = render_diff(overlay, base)
     carries_compiled = any(f.path.endswith((".so", ".pyd")) for f in overlay.files)
     findings = abi_mod.check_overlay(host.name, facts, built_from_facts=facts, carries_compiled=carries_compiled,
@@ -381,7 +384,7 @@ def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ign
     if not dry_run:
         require_server(host)  # a host we could not restart is refused before anything else happens
     t = time.monotonic()
-    p = plan(host, patchset=patchset, progress=progress, dry_run=dry_run)
+    p = plan(host, patchset=patchset, progress=progress, dry_run=dry_run, allow_base_drift=allow_base_drift)
     plan_s = time.monotonic() - t
     details = {"patchset": p.overlay.patchset if p.overlay else patchset or DEFAULT_PATCHSET,
                "patchset_version": p.overlay.patchset_version if p.overlay else None,

@@ -11,11 +11,11 @@ release with the new budget and says which flag changed.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 import yaml
+from boxes import host_copy
 
 from ddtree_deploy.dryrun import numstat
 from ddtree_deploy.inventory import load_host_file
@@ -28,20 +28,12 @@ NAME = "decidebox"
 FLAGS = "--speculative-algorithm DFLASH --speculative-ddtree-budget 16"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def box(sandbox, wheel_env, tmp_path_factory):
     root = tmp_path_factory.mktemp("decide")
     inv = root / "hosts"
     inv.mkdir()
-    doc = yaml.safe_load(Path(sandbox.base.source).read_text())
-    doc.update(name=NAME, release_root="/srv/ddtree-host/decide-releases")
-    doc["server"]["port"] = _free_port()
+    doc = host_copy(sandbox.base.source, NAME, "/srv/ddtree-host/decide-releases")
     doc["server"]["ddtree_flags"] = FLAGS
     host_file = inv / f"{NAME}.yaml"
     host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -165,3 +157,25 @@ def test_numstat_counts_lines_that_look_like_headers() -> None:
     diff = ("diff --git a/q.sql b/q.sql\n--- a/q.sql\n+++ b/q.sql\n@@ -1,2 +1,2 @@\n"
             "--- old comment\n-+++ old\n+-- new comment\n+++ new\n")
     assert numstat(diff) == [{"path": "q.sql", "added": 2, "removed": 2, "kind": "changed"}]
+
+
+def test_allow_base_drift_tries_the_nearest_series_instead_of_repeating_the_refusal(sandbox, wheel_env, tmp_path) -> None:
+    """Issue 25.7: on sglang 0.5.23 (no series), `apply --allow-base-drift` repeated the same error and the same
+    hint (pass --allow-base-drift). Now it applies the nearest series despite the drift, loudly."""
+    inv = tmp_path / "hosts"
+    inv.mkdir()
+    doc = host_copy(sandbox.drift.source, "driftbox", "/srv/ddtree-host/decide-drift")
+    (inv / "driftbox.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = {"DDTREE_INVENTORY": str(inv), "DDTREE_SNAPSHOTS": str(tmp_path / "snapshots")}
+    assert wheel_env.run("snapshot", "take", "driftbox", timeout=600, **env).returncode == 0
+    refused = wheel_env.run("apply", "--host", "driftbox", "--dry-run", timeout=600, **env)
+    assert refused.returncode == 5 and "has no series for sglang 0.5.23" in refused.stderr
+    assert "--allow-base-drift" in refused.stderr  # the hint that names the way out
+    tried = wheel_env.run("apply", "--host", "driftbox", "--dry-run", "--allow-base-drift", timeout=600, **env)
+    said = " ".join((tried.stdout + tried.stderr).split())
+    assert "has no series for sglang 0.5.23" not in said, said[-3000:]
+    assert "despite base drift: its series is for 0.5.17" in said
+    if tried.returncode == 0:  # the nearest series applies: the dry run lists the steps of a new release
+        assert "changed=1" in said and "[push] build a new release" in said
+    else:  # it does not: why, patch by patch, and no hint to pass the flag that was given
+        assert tried.returncode == 5 and "pass --allow-base-drift" not in said, said[-3000:]
