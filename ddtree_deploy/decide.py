@@ -170,11 +170,15 @@ def decide(observed: Observed, overlay: Overlay, host: Host, *, force: bool = Fa
                           + ctl.describe("restart", release=active, ddtree=False) + ", then back"))
     count = len(overlay.files) if files is None else files
     target = active if rel and rel.get("status") == "good" else rollback_target(state, active) if active else None
+    # with an overlay active, flags the host file changed are shown with the restart (the new release gets them)
+    drift = (launch_drift(host, observed.launch) or ()) if active else ()
+    also = f"; the server's flags change too: {'; '.join(drift)}" if drift else ""
     steps += [Step("push", f"build a new release with {count} overlay files (digest {overlay.digest[:12]})",
                    {"files": count}),
               Step("switch", f"switch current to the new release (from {active or 'the installed package'})"),
               Step("check", "check the new release without a server (overlay files, kernel self-test)"),
-              Step("restart", ctl.describe("restart", release="<new>", ddtree=True), {"why": "new release"}),
+              Step("restart", ctl.describe("restart", release="<new>", ddtree=True) + also,
+                   {"why": "new release", "flag_diff": list(drift)}),
               Step("probe", "probe it; on failure roll back to " + (f"release {target}" if target else "the installed package"),
                    {"rollback": True})]
     if holds:
@@ -184,7 +188,7 @@ def decide(observed: Observed, overlay: Overlay, host: Host, *, force: bool = Fa
             else f"release {active} is not marked good"
     else:
         reason = "no overlay is active"
-    return Decision(tuple(steps), True, reason)
+    return Decision(tuple(steps), True, reason, drift)
 
 
 def redecide_after_failed_probe(observed: Observed, overlay: Overlay, host: Host, *, record_baseline: bool,
