@@ -285,9 +285,9 @@ def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ign
         stats = p.stats()
         summary = {"files": stats, "added": sum(f["added"] for f in stats), "removed": sum(f["removed"] for f in stats),
                    **decision.to_dict()}
-        what = (f"{p.overlay.patchset} {p.overlay.patchset_version} on sglang {p.base_version}; "
-                f"ABI: {'ERRORS' if p.abi_errors else 'ok'}") if p.overlay else "no snapshot yet"
-        return ApplyReport(host.name, "dry-run", message=f"{decision.summary} ({what})", timings={"plan": plan_s},
+        what = (f" ({p.overlay.patchset} {p.overlay.patchset_version} on sglang {p.base_version}; "
+                f"ABI: {'ERRORS' if p.abi_errors else 'ok'})") if p.overlay else " (the ABI is checked against it too)"
+        return ApplyReport(host.name, "dry-run", message=decision.summary + what, timings={"plan": plan_s},
                            details={**details, "diff": p.diff, "abi_errors": p.abi_errors, "summary": summary})
     if p.abi_errors and not ignore_abi:
         errors = [f"{d.get('rule')}: {d.get('what')} (fix: {d.get('fix')})" for d in p.abi_dicts() if d.get("severity") == "error"]

@@ -52,8 +52,10 @@ def print_report(report: ApplyReport, *, show_diff: bool = False) -> None:
         err.print(f"[bold yellow]{report.host}: {report.details['reconciled']}[/bold yellow]", highlight=False)
     if report.status == "dry-run":
         summary = report.details.get("summary")
+        # the overlay's files and diff matter only when a new release would be pushed
+        pushes = not isinstance(summary, dict) or any(s["action"] == "push" for s in summary["steps"])
         if isinstance(summary, dict):
-            if summary["changed"] is not False and summary["files"]:
+            if pushes and summary["files"]:
                 out.print(f"[bold]{report.host}: the overlay against the installed package[/bold]")
                 out.print("\n".join(summary_lines(summary["files"])), markup=False, highlight=False)
             if summary.get("flag_diff"):
@@ -65,13 +67,11 @@ def print_report(report: ApplyReport, *, show_diff: bool = False) -> None:
         elif isinstance(summary, list):
             for i, step in enumerate(summary, 1):
                 out.print(f"  {i}. {step}", markup=False, highlight=False)
-        if isinstance(summary, dict) and summary["changed"] is False:
-            pass  # nothing would change: no diff to offer
-        elif show_diff and report.details.get("diff"):
+        if pushes and show_diff and report.details.get("diff"):
             out.print(report.details["diff"], markup=False, highlight=False)
-        elif report.details.get("diff"):
+        elif pushes and report.details.get("diff"):
             out.print("[dim](the full diff: --diff)[/dim]")
-        if "abi" in report.details:
+        if "abi" in report.details and report.details.get("snapshot"):  # no snapshot yet: nothing was checked
             from .. import abi
 
             findings = [abi.Finding(**d) for d in report.details.get("abi", [])]

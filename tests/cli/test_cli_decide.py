@@ -75,6 +75,7 @@ def test_dry_run_without_a_snapshot_says_snapshot_and_writes_nothing_anywhere(bo
     text = " ".join(_ok(run("apply", "--host", NAME, "--dry-run")).split())
     assert "1. [snapshot] take a snapshot of the installed sglang (the local store has none of this host)" in text
     assert "changed=?" in text and "nothing was touched" in text
+    assert "ABI: no findings" not in text and "ABI findings" not in text  # nothing was checked: no snapshot
     assert not store.exists()  # not even an empty store directory
     info, server = _host_state(host_file)
     assert info["current"] is None and info["state"]["releases"] == [] and info["lock"] is None
@@ -134,6 +135,7 @@ def test_edited_flags_are_warned_about_and_apply_restarts_showing_the_diff(box) 
         assert "changed=1" in text and "the server's flags differ from the host file" in text
         assert "- --speculative-ddtree-budget 16 + --speculative-ddtree-budget 8" in text
         assert "[restart] restart the server on release " + release in text and "[push]" not in text
+        assert "the full diff" not in text and "the overlay against the installed package" not in text  # no push
         assert _host_state(host_file)[1]["pid"] == pid  # the dry run restarted nothing
         applied = run("apply", "--host", NAME, "--ignore-abi")
         out = " ".join(_ok(applied).split())
