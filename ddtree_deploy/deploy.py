@@ -16,22 +16,25 @@ none), the server is restarted only if it already ran the failed release, and th
 probes are reported, and the run exits 1 either way. Any interruption on the way (Ctrl-C, SIGTERM, kill -9, a cut
 connection) is settled by the host's guardian: see ``release.Lease`` and docs/design.md.
 
-Re-applying the overlay that is already active and passing its probe changes nothing ("unchanged": no release, no
-restart); ``force`` redoes it.
+What happens is decided once (``decide.decide``: a list of steps from the host's release state, the server's
+launch line and the overlay) and executed step by step here; ``apply --dry-run`` prints the same list and writes
+nothing. Re-applying the overlay that is already active, with the server running the host file's flags and passing
+its probe, changes nothing ("unchanged": no release, no restart); flags that changed restart the same release;
+``force`` redoes it as a new release.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from . import baseline as baseline_mod
-from . import dryrun
-from .errors import AbiIncompatible, DeployError, EXIT_FAILED, InputError, OperationFailed, is_cut
+from .decide import Decision, Observed, Step, decide, redecide_after_failed_probe
+from .errors import AbiIncompatible, DeployError, EXIT_FAILED, is_cut
 from .inventory import Host
 from .overlay import Overlay
 from .ddtree_stats import describe_ddtree
+from .plan import DEFAULT_PATCHSET, Plan, dry_run_decision, plan
 from .probe import ProbeResult, Stage
 from .release import PushResult, rollback_target
 from .server import require_server, server_spec
@@ -41,102 +44,195 @@ _quiet = quiet
 
 
 # -- from the lock on ------------------------------------------------------------------------------------------------------
+def observe(run: Run) -> Observed:
+    """What ``decide`` needs, read under the run's lock: the release state, the server's launch, the baseline."""
+    return Observed(run.state, run.ctl.launch(), bool(run.lock_info.get("has_baseline")))
+
+
 def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, command: str = "ddtree-deploy apply",
                    record_baseline: bool = True, facts: dict[str, Any] | None = None, extra_meta: dict[str, Any] | None = None,
                    progress: Progress = _quiet, run_id: str | None = None, force: bool = False,
                    base_hashes: dict[str, str] | None = None, allow_base_drift: bool = False) -> ApplyReport:
-    """Lock the host, push ``overlay`` as a new release, switch, restart, probe; roll back when the probe fails.
+    """Lock the host, decide (``decide.decide``) and execute the steps: push ``overlay`` as a new release, switch,
+    restart, probe, roll back when the probe fails; or restart on the same release when only the server's flags
+    changed; or nothing when the active release holds the overlay, runs the host file's flags and passes its probe.
 
     Raises DeployError only for failures before anything was switched (lock held, push failed, base drift, host
     unreachable) and for interruptions (Interrupted, ConnectionCut: their message says how the host settled the
     run). Everything after the switch is reported in the ApplyReport.
     """
     require_server(host)
-    timings: dict[str, float] = {}
     t = time.monotonic()
     with run_on_host(host, command, break_lock=break_lock, progress=progress, facts=facts, run_id=run_id) as run:
-        timings["lock"] = time.monotonic() - t
-        mgr, prober = run.mgr, run.prober
-        previous = run.state["active"]
-        details: dict[str, Any] = {"reconciled": run.settled} if run.settled else {}
-        if not force:
-            same = _unchanged(run, overlay, progress)
-            if same is not None:
-                same.details.update(details)
-                return same
-        if record_baseline and host.probe.get("prompts") and not run.lock_info.get("has_baseline"):
-            progress(f"{host.name}: no generation baseline yet: recording one with DDTree off")
-            t = time.monotonic()
-            mgr.stage = "baseline"
-            baseline_mod.record_baseline(prober, run.ctl, ddtree=False)
-            timings["baseline"] = time.monotonic() - t
-        progress(f"{host.name}: pushing {len(overlay.files)} overlay files")
+        ex = _Executor(run, overlay, progress, extra_meta=extra_meta, base_hashes=base_hashes,
+                       allow_base_drift=allow_base_drift, record_baseline=record_baseline)
+        ex.timings["lock"] = time.monotonic() - t
+        if run.settled:
+            ex.details["reconciled"] = run.settled
+        return ex.execute(decide(observe(run), overlay, host, force=force, record_baseline=record_baseline))
+
+
+class _Executor:
+    """Runs a Decision's steps in order on a locked host; the report says what happened."""
+
+    def __init__(self, run: Run, overlay: Overlay, progress: Progress, *, extra_meta: dict[str, Any] | None,
+                 base_hashes: dict[str, str] | None, allow_base_drift: bool, record_baseline: bool) -> None:
+        self.run, self.overlay, self.progress = run, overlay, progress
+        self.host = run.host
+        self.extra_meta, self.base_hashes, self.allow_base_drift = extra_meta, base_hashes, allow_base_drift
+        self.record_baseline = record_baseline
+        self.previous = run.state["active"]
+        self.timings: dict[str, float] = {}
+        self.details: dict[str, Any] = {}
+        self.release: str | None = self.previous
+        self.pushed: PushResult | None = None
+        self.checked: list[Stage] = []
+        self.failure: ProbeResult | None = None
+        self.probe: ProbeResult | None = None
+        self.restarted = False  # whether the server ran (or may have run) the new release: a rollback restarts it
+        self.t_probe = 0.0
+
+    def execute(self, decision: Decision) -> ApplyReport:
+        self.details["decision"] = decision.to_dict()
+        self.progress(f"{self.host.name}: {decision.summary}")
+        for step in decision.steps:
+            done = getattr(self, "_" + step.action)(step)
+            if done is not None:
+                return done
+        raise AssertionError(f"decision without a final probe: {decision}")  # decide() always ends with one
+
+    def _settle(self, step: Step) -> None:
+        return None  # run_on_host settled it when it took the lock
+
+    def _baseline(self, step: Step) -> None:
+        self.progress(f"{self.host.name}: no generation baseline yet: recording one with DDTree off")
         t = time.monotonic()
-        pushed: PushResult = mgr.push(overlay, extra_meta=extra_meta, base_hashes=base_hashes, allow_base_drift=allow_base_drift)
+        self.run.mgr.stage = "baseline"
+        baseline_mod.record_baseline(self.run.prober, self.run.ctl, ddtree=False)
+        self.timings["baseline"] = time.monotonic() - t
+
+    def _push(self, step: Step) -> None:
+        self.progress(f"{self.host.name}: pushing {len(self.overlay.files)} overlay files")
+        t = time.monotonic()
+        pushed = self.run.mgr.push(self.overlay, extra_meta=self.extra_meta, base_hashes=self.base_hashes,
+                                   allow_base_drift=self.allow_base_drift)
         if pushed.base_drift:
-            details["base_drift"] = pushed.base_drift
-            progress(f"[bold red]{host.name}: WARNING: pushed despite base drift (--allow-base-drift): "
-                     f"{'; '.join(pushed.base_drift[:3])}[/bold red]")
-        mgr.switch(pushed.release_id, probing=True)
-        timings["push_switch"] = time.monotonic() - t
-        progress(f"{host.name}: switched current → {pushed.release_id}; probing")
-        report = ApplyReport(host.name, "ok", release=pushed.release_id, previous=previous,
-                             push={"release": pushed.release_id, "seconds": round(pushed.seconds, 3),
-                                   "link_mode": pushed.link_mode, "files": pushed.files, "bytes": pushed.bytes_sent},
-                             timings=timings, details=details)
+            self.details["base_drift"] = pushed.base_drift
+            self.progress(f"[bold red]{self.host.name}: WARNING: pushed despite base drift (--allow-base-drift): "
+                          f"{'; '.join(pushed.base_drift[:3])}[/bold red]")
+        self.pushed, self.release = pushed, pushed.release_id
+        self.timings["push_switch"] = time.monotonic() - t
+
+    def _switch(self, step: Step) -> None:
         t = time.monotonic()
-        mgr.stage = "probe"
-        restarted = False  # whether the server ran (or may have run) the new release: the rollback then restarts it
+        self.run.mgr.switch(self.release, probing=True)
+        self.timings["push_switch"] = self.timings.get("push_switch", 0.0) + time.monotonic() - t
+        self.progress(f"{self.host.name}: switched current → {self.release}; probing")
+
+    def _guarded(self, action: Any) -> None:
+        """A failure of a check or restart is a failed probe (still reported, still rolled back), never a crash."""
         try:
-            checked = prober.check_release(pushed.release_id)
-            if all(s.status != "fail" for s in checked):
-                progress(f"{host.name}: restarting the server on {pushed.release_id}")
-                mgr.stage = "restart"
-                restarted = True
-                run.ctl.restart(release=pushed.release_id, ddtree=True)
-                mgr.stage = "probe"
-            probe = prober.check_serving(pushed.release_id, checked, label="probe")
-        except DeployError as exc:  # e.g. the restart itself failed: still a failed probe, still rolled back
+            action()
+        except DeployError as exc:
             if is_cut(exc):
                 raise  # the connection is gone or the host gave the run up: the host settles it (release.Lease)
-            probe = ProbeResult(host.name, pushed.release_id, [Stage("probe", "fail", time.monotonic() - t, str(exc))])
-            restarted = True
-        timings["probe"] = time.monotonic() - t
-        report.probe = probe
+            self.failure = ProbeResult(self.host.name, self.release,
+                                       [Stage("probe", "fail", time.monotonic() - self.t_probe, str(exc))])
+            self.restarted = True
+
+    def _check(self, step: Step) -> None:
+        self.t_probe = time.monotonic()
+        self.run.mgr.stage = "probe"
+
+        def check() -> None:
+            self.checked = self.run.prober.check_release(self.release)
+        self._guarded(check)
+
+    def _restart(self, step: Step) -> None:
+        if self.failure or any(s.status == "fail" for s in self.checked):
+            return
+        if step.data.get("flag_diff"):
+            self.details["flag_diff"] = step.data["flag_diff"]
+            self.progress(f"{self.host.name}: the server's flags differ from the host file: "
+                          + "; ".join(step.data["flag_diff"]))
+        self.progress(f"{self.host.name}: restarting the server on {self.release}")
+
+        def restart() -> None:
+            self.run.mgr.stage = "restart"
+            self.restarted = True
+            self.run.ctl.restart(release=self.release, ddtree=True)
+            self.run.mgr.stage = "probe"
+        self._guarded(restart)
+
+    def _probe(self, step: Step) -> ApplyReport:
+        if step.data.get("unchanged"):
+            return self._probe_unchanged(step)
+        if self.failure is None:
+            def serving() -> None:
+                self.probe = self.run.prober.check_serving(self.release, self.checked, label="probe")
+            self._guarded(serving)
+        probe = self.failure or self.probe
+        self.timings["probe"] = time.monotonic() - self.t_probe
+        report = self._report(probe)
+        mgr = self.run.mgr
         if probe.ok:
             mgr.stage = "finish"
-            removed = mgr.finish(pushed.release_id, "good", "apply", release=pushed.release_id, outcome="ok",
-                                 previous=previous, ddtree=probe.ddtree or None)
-            report.details["removed_releases"] = removed
-            report.message = f"release {pushed.release_id} active and healthy"
+            if self.pushed is None:  # the flags changed: the same release, restarted
+                mgr.finish(None, None, "apply", release=self.release, outcome="restarted",
+                           flag_diff=self.details.get("flag_diff"), ddtree=probe.ddtree or None)
+                report.message = (f"release {self.release} restarted with the host file's flags and healthy ("
+                                  + "; ".join(self.details.get("flag_diff") or []) + ")")
+                return report
+            report.details["removed_releases"] = mgr.finish(self.release, "good", "apply", release=self.release,
+                                                            outcome="ok", previous=self.previous,
+                                                            ddtree=probe.ddtree or None)
+            report.message = f"release {self.release} active and healthy"
             return report
         stage = probe.failed_stage
         why = f"probe stage {stage.name} failed: {stage.detail}" if stage else "probe failed"
+        if not step.data.get("rollback", True):
+            mgr.stage = "finish"
+            mgr.finish(None, None, "apply", release=self.release, outcome="failed", why=why[:500],
+                       flag_diff=self.details.get("flag_diff"))
+            report.status, report.exit_code = "failed", EXIT_FAILED
+            report.message = (f"{why}; the server runs release {self.release} with the host file's new flags and fails "
+                              "its probe (the release is the same, so there is nothing to roll back to): fix the "
+                              "host file's server flags and apply again")
+            return report
         t = time.monotonic()
-        _roll_back(run, report, failed=pushed.release_id, why=why, server_ran_failed=restarted, progress=progress)
-        timings["rollback"] = time.monotonic() - t
+        _roll_back(self.run, report, failed=self.release, why=why, server_ran_failed=self.restarted,
+                   progress=self.progress)
+        self.timings["rollback"] = time.monotonic() - t
         return report
 
+    def _report(self, probe: ProbeResult | None) -> ApplyReport:
+        push = None
+        if self.pushed is not None:
+            p = self.pushed
+            push = {"release": p.release_id, "seconds": round(p.seconds, 3), "link_mode": p.link_mode, "files": p.files,
+                    "bytes": p.bytes_sent}
+        return ApplyReport(self.host.name, "ok", release=self.release, previous=self.previous, push=push, probe=probe,
+                           timings=self.timings, details=self.details)
 
-def _unchanged(run: Run, overlay: Overlay, progress: Progress) -> ApplyReport | None:
-    """The overlay is what the active release holds and it passes its probe: nothing to do (no release, no restart)."""
-    state = run.state
-    active = state["active"]
-    rel = next((r for r in state["releases"] if r["id"] == active), None) if active else None
-    if rel is None or rel.get("overlay_digest") != overlay.digest or rel.get("status") != "good":
-        return None
-    run.mgr.stage = "probe"
-    progress(f"{run.host.name}: release {active} already holds this overlay; probing it as it runs")
-    probe = run.prober.run(active, label="probe (unchanged)")
-    if not probe.ok:
-        stage = probe.failed_stage
-        progress(f"{run.host.name}: release {active} holds this overlay but fails its probe "
-                 f"({stage.name if stage else '?'}: {stage.detail if stage else '?'}); deploying it again")
-        return None
-    run.mgr.finish(None, None, "apply", release=active, outcome="unchanged")
-    return ApplyReport(run.host.name, "unchanged", release=active, previous=active, probe=probe,
-                       message=f"release {active} already holds this overlay and passes its probe: unchanged "
-                               "(no new release, no restart; --force redoes it)")
+    def _probe_unchanged(self, step: Step) -> ApplyReport:
+        """The active release holds this overlay and runs the host file's flags: probe it as it runs; when it
+        passes nothing else happens, when it fails it is deployed again as a new release."""
+        run, active = self.run, step.data["release"]
+        run.mgr.stage = "probe"
+        self.progress(f"{self.host.name}: release {active} already holds this overlay; probing it as it runs")
+        probe = run.prober.run(active, label="probe (unchanged)")
+        if not probe.ok:
+            stage = probe.failed_stage
+            why = (f"release {active} holds this overlay but fails its probe "
+                   f"({stage.name if stage else '?'}: {stage.detail if stage else '?'}); deploying it again")
+            self.progress(f"{self.host.name}: {why}")
+            return self.execute(redecide_after_failed_probe(observe(run), self.overlay, self.host,
+                                                            record_baseline=self.record_baseline, why=why))
+        run.mgr.finish(None, None, "apply", release=active, outcome="unchanged")
+        return ApplyReport(self.host.name, "unchanged", release=active, previous=active, probe=probe,
+                           timings=self.timings, details=self.details,
+                           message=f"release {active} already holds this overlay and passes its probe: unchanged "
+                                   "(no new release, no restart; --force redoes it)")
 
 
 def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_ran_failed: bool,
@@ -171,79 +267,7 @@ def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_r
     report.exit_code = EXIT_FAILED
 
 
-# -- the whole flow ----------------------------------------------------------------------------------------------------------
-@dataclass
-class Plan:
-    """What apply would push: the overlay, its diff against the base, the ABI verdict, and the snapshot's hashes of
-    the files it replaces (the host checks them before building)."""
-
-    host: str
-    overlay: Overlay
-    diff: str
-    findings: list[Any]
-    abi_errors: bool
-    snapshot_id: str
-    base_version: str
-    facts: dict[str, Any] | None
-    base_hashes: dict[str, str]
-
-    def abi_dicts(self) -> list[dict[str, Any]]:
-        return [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in self.findings]
-
-
-DEFAULT_PATCHSET = "ddtree"
-
-
-def plan(host: Host, *, patchset: str | None = None, max_snapshot_age: float = 3600.0, progress: Progress = _quiet) -> Plan:
-    """Resolve the patch set for the host's base version, build the overlay off-host from the host's latest
-    snapshot (taking one if there is none or it is older than ``max_snapshot_age`` seconds), and run the ABI
-    check. Touches nothing on the host (taking a snapshot only reads it)."""
-    from . import abi as abi_mod
-    from .patchset import SnapshotBase, build_overlay, find_patchset_for, render_diff
-    from .snapshot import SnapshotStore
-
-    store = SnapshotStore()
-    snap = store.latest(host.name)
-    if snap is None or _stale(snap.created, max_snapshot_age):
-        progress(f"{host.name}: taking a snapshot of the installed sglang")
-        snap = store.take(host)
-    facts = snap.facts
-    base_version = str(snap.package_version or "")
-    if not base_version:
-        raise OperationFailed(f"host {host.name}: snapshot {snap.id} does not record the installed sglang version")
-    ps = find_patchset_for(patchset or DEFAULT_PATCHSET, base_version)
-    progress(f"{host.name}: applying patch set {ps.name} {ps.version} to snapshot {snap.id} (sglang {base_version})")
-    try:
-        base = SnapshotBase(snap, store=store)
-        overlay = build_overlay(ps, base)
-        diff = render_diff(overlay, base)
-    except InputError as exc:
-        if "store corrupted" not in exc.message and "missing from the store" not in exc.message:
-            raise
-        # a damaged blob: the host is the source of truth; a fresh snapshot fetches what the store lost
-        progress(f"{host.name}: {exc.message}; taking a fresh snapshot to repair the store")
-        snap = store.take(host)
-        base = SnapshotBase(snap, store=store)
-        overlay = build_overlay(ps, base)
-        diff = render_diff(overlay, base)
-    carries_compiled = any(f.path.endswith((".so", ".pyd")) for f in overlay.files)
-    findings = abi_mod.check_overlay(host.name, facts, built_from_facts=facts, carries_compiled=carries_compiled,
-                                     requires=dict(ps.requires), base_version=ps.base_version)
-    manifest = snap.manifest
-    hashes = {f.path: manifest[f.path]["sha256"] for f in overlay.files if f.action == "replace" and f.path in manifest}
-    return Plan(host.name, overlay, diff, findings, abi_mod.has_errors(findings), str(snap.id), base_version, facts, hashes)
-
-
-def _stale(created: Any, max_age: float) -> bool:
-    from datetime import datetime
-
-    try:
-        stamp = datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return True
-    return time.time() - stamp > max_age
-
-
+# -- the whole flow (the plan: plan.py) --------------------------------------------------------------------------------------
 def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ignore_abi: bool = False,
           break_lock: bool = False, record_baseline: bool = True, progress: Progress = _quiet,
           command: str = "ddtree-deploy apply", force: bool = False, allow_base_drift: bool = False) -> ApplyReport:
@@ -253,15 +277,20 @@ def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ign
     if not dry_run:
         require_server(host)  # a host we could not restart is refused before anything else happens
     t = time.monotonic()
-    p = plan(host, patchset=patchset, progress=progress)
+    p = plan(host, patchset=patchset, progress=progress, dry_run=dry_run, allow_base_drift=allow_base_drift)
     plan_s = time.monotonic() - t
-    details = {"patchset": p.overlay.patchset, "patchset_version": p.overlay.patchset_version,
-               "base_version": p.base_version, "snapshot": p.snapshot_id, "abi": p.abi_dicts(), "files": len(p.overlay.files)}
+    details = {"patchset": p.overlay.patchset if p.overlay else patchset or DEFAULT_PATCHSET,
+               "patchset_version": p.overlay.patchset_version if p.overlay else None,
+               "base_version": p.base_version, "snapshot": p.snapshot_id, "abi": p.abi_dicts(),
+               "files": len(p.overlay.files) if p.overlay else None}
     if dry_run:
-        summary = dryrun.apply_summary(host, p.overlay, p.diff, record_baseline=record_baseline, force=force)
-        return ApplyReport(host.name, "dry-run", message=f"would push {len(p.overlay.files)} files "
-                           f"({p.overlay.patchset} {p.overlay.patchset_version} on sglang {p.base_version}); "
-                           f"ABI: {'ERRORS' if p.abi_errors else 'ok'}", timings={"plan": plan_s},
+        decision = dry_run_decision(host, p, record_baseline=record_baseline, force=force)
+        stats = p.stats()
+        summary = {"files": stats, "added": sum(f["added"] for f in stats), "removed": sum(f["removed"] for f in stats),
+                   **decision.to_dict()}
+        what = (f" ({p.overlay.patchset} {p.overlay.patchset_version} on sglang {p.base_version}; "
+                f"ABI: {'ERRORS' if p.abi_errors else 'ok'})") if p.overlay else " (the ABI is checked against it too)"
+        return ApplyReport(host.name, "dry-run", message=decision.summary + what, timings={"plan": plan_s},
                            details={**details, "diff": p.diff, "abi_errors": p.abi_errors, "summary": summary})
     if p.abi_errors and not ignore_abi:
         errors = [f"{d.get('rule')}: {d.get('what')} (fix: {d.get('fix')})" for d in p.abi_dicts() if d.get("severity") == "error"]

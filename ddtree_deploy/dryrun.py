@@ -1,40 +1,47 @@
-"""Dry runs: what a write command would change, summarised first (files, +/- lines, what would restart), with the
-full diff only on request. Every write command (apply, rollback, server start/stop/restart, probe
---record-baseline, patchset refresh) has ``--dry-run``; this module holds the parts they share.
+"""Dry runs: what a write command would change, summarised first (files, +/- lines), the full diff only on request.
+Every write command (apply, rollback, server start/stop/restart, probe --record-baseline, patchset refresh) has
+``--dry-run``; this module holds the counting they share. The counts are ``git apply --numstat``'s (git reads the
+diff; we do not parse it a second time). What ``apply`` would do is ``decide.decide``'s list of steps.
 """
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
-from .inventory import Host
-from .overlay import Overlay
+from .errors import OperationFailed
 
 
-def diff_stats(diff: str) -> list[dict[str, Any]]:
-    """Per file of a git-style diff: path, lines added and removed, and whether it is new, changed or binary."""
-    files: list[dict[str, Any]] = []
-    cur: dict[str, Any] | None = None
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            path = line.split(" b/", 1)[1] if " b/" in line else line.split()[-1]
-            cur = {"path": path, "added": 0, "removed": 0, "kind": "changed"}
-            files.append(cur)
-        elif cur is None:
-            continue
-        elif line.startswith("new file mode"):
-            cur["kind"] = "new"
-        elif line.startswith("deleted file mode"):
-            cur["kind"] = "deleted"
-        elif line.startswith("Binary files"):
-            cur["kind"] = "binary"
-        elif line.startswith(("+++ ", "--- ")):
-            continue
-        elif line.startswith("+"):
-            cur["added"] += 1
-        elif line.startswith("-"):
-            cur["removed"] += 1
-    return files
+def numstat(diff: str, binary: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per file of a git-style diff: path, lines added and removed (``git apply --numstat``), and whether it is new,
+    changed or binary. ``binary``: the files the diff names only as "Binary files ... differ" (git lists those
+    without a GIT binary patch not at all)."""
+    if not diff.strip():
+        return []
+    try:
+        proc = subprocess.run(["git", "apply", "--numstat", "--summary", "-"], input=diff, capture_output=True,
+                              text=True, timeout=120, env={"GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent",
+                                                           "PATH": "/usr/local/bin:/usr/bin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OperationFailed(f"counting the diff with `git apply --numstat` failed: {exc}") from None
+    if proc.returncode != 0:
+        raise OperationFailed(f"`git apply --numstat` refused the diff: {proc.stderr.strip()[-500:]}")
+    files: dict[str, dict[str, Any]] = {}
+    created = set()
+    for line in proc.stdout.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3:
+            added, removed, path = parts
+            opaque = added == "-"
+            files[path] = {"path": path, "added": 0 if opaque else int(added), "removed": 0 if opaque else int(removed),
+                           "kind": "binary" if opaque else "changed"}
+        elif line.startswith(" create mode "):
+            created.add(line.split(" ", 4)[-1])
+    for path in created & set(files):
+        files[path]["kind"] = "new" if files[path]["kind"] != "binary" else "binary"
+    for path in binary or []:
+        files.setdefault(path, {"path": path, "added": 0, "removed": 0, "kind": "binary"})
+    return sorted(files.values(), key=lambda f: f["path"])
 
 
 def summary_lines(stats: list[dict[str, Any]], limit: int = 40) -> list[str]:
@@ -51,44 +58,4 @@ def summary_lines(stats: list[dict[str, Any]], limit: int = 40) -> list[str]:
     return out
 
 
-def apply_summary(host: Host, overlay: Overlay, diff: str, *, record_baseline: bool, force: bool) -> dict[str, Any]:
-    """What ``apply`` would do on ``host``: the files and lines, whether it would be "unchanged", whether a baseline
-    would be recorded first, and what would restart. Reads the host's state (read-only)."""
-    from .release import ReleaseManager
-    from .server import ServerControl
-    from .transport import HostConnection
-
-    stats = diff_stats(diff)
-    out: dict[str, Any] = {"files": stats, "added": sum(f["added"] for f in stats),
-                           "removed": sum(f["removed"] for f in stats)}
-    with HostConnection(host) as conn:
-        info = ReleaseManager(conn).show()
-        ctl = ServerControl(conn)
-        state = info["state"]
-        active = state["active"]
-        rel = next((r for r in state["releases"] if r["id"] == active), None) if active else None
-        out["active"] = active
-        out["unchanged"] = bool(rel and rel.get("overlay_digest") == overlay.digest and rel.get("status") == "good" and not force)
-        out["baseline"] = bool(record_baseline and host.probe.get("prompts")
-                               and not conn.call("probe", "read_json", timeout=30, path=f"{host.release_root}/probe-baseline.json"))
-        out["pending"] = state.get("pending")
-        steps = []
-        if out["pending"]:
-            steps.append(f"settle release {out['pending'].get('release')}, left switched in but unprobed by run "
-                         f"{out['pending'].get('run')} (roll it back)")
-        if out["unchanged"]:
-            steps.append(f"probe release {active}, which already holds this overlay; if it passes: nothing else "
-                         "(no new release, no restart)")
-        else:
-            if out["baseline"]:
-                steps.append("record a generation baseline first: " + ctl.describe("restart", release=active, ddtree=False)
-                             + ", then back")
-            steps.append(f"build a new release with {len(overlay.files)} overlay files (digest {overlay.digest[:12]}) and "
-                         f"switch current to it (from {active or 'the installed package'})")
-            steps.append(ctl.describe("restart", release="<new>", ddtree=True))
-            steps.append("probe it; on failure roll back to " + (active or "the installed package"))
-        out["steps"] = steps
-    return out
-
-
-__all__ = ["apply_summary", "diff_stats", "summary_lines"]
+__all__ = ["numstat", "summary_lines"]

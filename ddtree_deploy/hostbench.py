@@ -115,10 +115,14 @@ def ddtree(host: Host, budget: str | None = None, name: str | None = None) -> Co
     return Config(name or f"ddtree-{b}", flags, b)
 
 
+DEFAULT_REPS = 3
+
+
 @dataclass
 class Measurement:
     """One config at one batch size: what the client saw on the host (latencies carry no SSH) and what the server
-    said about its speculation."""
+    said about its speculation. Measured ``reps`` times in a row on the same server: each figure is the median of
+    the reps, and ``tok_s_min``/``tok_s_max`` and ``round_ms_min``/``round_ms_max`` are their spread."""
 
     config: str
     budget: str | None
@@ -133,6 +137,21 @@ class Measurement:
     ms_per_token: float
     round_ms: float
     accept_stats: dict[str, Any] | None = field(default=None, repr=False)
+    reps: int = 1
+    tok_s_min: float = 0.0
+    tok_s_max: float = 0.0
+    round_ms_min: float = 0.0
+    round_ms_max: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.reps == 1 and not self.tok_s_max:  # one rep: its own spread
+            self.tok_s_min = self.tok_s_max = self.tok_s
+            self.round_ms_min = self.round_ms_max = self.round_ms
+
+    @property
+    def spread(self) -> str:
+        """``median (min–max) ×reps`` of tok/s, as tables show it."""
+        return f"{self.tok_s:g} ({self.tok_s_min:g}–{self.tok_s_max:g}) x{self.reps}"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -156,6 +175,25 @@ def summarize(cfg: Config, reply: dict[str, Any]) -> Measurement:
                        round(tokens / max(float(reply["seconds"]), 1e-9), 2), round(accept, 3) if accept else None,
                        round(1000 * statistics.mean(lat), 2), round(1000 * lat[int(0.9 * (len(lat) - 1))], 2),
                        round(1000 * sum(lat) / max(tokens, 1), 3), round(1000 * statistics.mean(per_round), 3), stats)
+
+
+def combine(reps: list[Measurement]) -> Measurement:
+    """The reps of one cell as one Measurement: medians, the tok/s and round-ms spread, the last rep's counters
+    (the server's acceptance counters only grow, so the last holds every rep)."""
+    if len(reps) == 1:
+        return reps[0]
+
+    def med(name: str) -> float:
+        return round(statistics.median(getattr(m, name) for m in reps), 3)
+
+    accept = [m.accept_length for m in reps if m.accept_length is not None]
+    first = reps[0]
+    return Measurement(first.config, first.budget, first.batch, sum(m.requests for m in reps),
+                       sum(m.tokens for m in reps), round(sum(m.seconds for m in reps), 3), med("tok_s"),
+                       round(statistics.median(accept), 3) if accept else None, med("latency_ms"),
+                       med("latency_p90_ms"), med("ms_per_token"), med("round_ms"), reps[-1].accept_stats,
+                       reps=len(reps), tok_s_min=min(m.tok_s for m in reps), tok_s_max=max(m.tok_s for m in reps),
+                       round_ms_min=min(m.round_ms for m in reps), round_ms_max=max(m.round_ms for m in reps))
 
 
 class Session:
@@ -197,15 +235,21 @@ class Session:
                                   + (f" (log: {tail[0][:200]})" if tail[0] else ""))
         self.serving = cfg.name
 
-    def measure(self, cfg: Config, batch: int, prompts: list[str], max_new_tokens: int) -> Measurement:
+    def measure(self, cfg: Config, batch: int, prompts: list[str], max_new_tokens: int,
+                reps: int = DEFAULT_REPS) -> Measurement:
+        """The workload ``reps`` times in a row at ``batch`` requests in flight, on the server in ``cfg``."""
         self.serve(cfg)
         self.run.mgr.stage = f"bench {cfg.name} batch {batch}"
         budget = 60.0 + 2.0 * max_new_tokens * max(len(prompts), batch)
-        reply = self.run.conn.call("probe", "workload", timeout=budget + 30, url=self.url, prompts=prompts,
-                                   max_new_tokens=max_new_tokens, concurrency=batch, budget=budget)
-        m = summarize(cfg, reply)
-        self.progress(f"{self.host.name}: {cfg.name} batch {batch}: {m.tok_s} tok/s, accept length "
-                      f"{m.accept_length if m.accept_length is not None else '-'}, {m.latency_ms} ms per request")
+        done = []
+        for _ in range(reps):
+            reply = self.run.conn.call("probe", "workload", timeout=budget + 30, url=self.url, prompts=prompts,
+                                       max_new_tokens=max_new_tokens, concurrency=batch, budget=budget)
+            done.append(summarize(cfg, reply))
+        m = combine(done)
+        self.progress(f"{self.host.name}: {cfg.name} batch {batch}: {m.spread} tok/s (median (min–max) x reps), "
+                      f"accept length {m.accept_length if m.accept_length is not None else '-'}, {m.latency_ms} ms "
+                      "per request")
         return m
 
     def restore(self) -> dict[str, Any]:
@@ -265,7 +309,7 @@ def measuring(host: Host, command: str, progress: Progress = quiet) -> Iterator[
                 session.restored = {"release": session.active, "same_config": True, "restarts": 0}
 
 
-def bench(host: Host, prompts: list[str], batch_sizes: list[int], max_new_tokens: int, *,
+def bench(host: Host, prompts: list[str], batch_sizes: list[int], max_new_tokens: int, *, reps: int = DEFAULT_REPS,
           progress: Progress = quiet) -> dict[str, Any]:
     """plain / chain / DDTree (the host file's budget) side by side at each batch size. The running server is
     measured first as it is (it runs the host file's DDTree config), then restarted for the chain and for plain
@@ -278,21 +322,29 @@ def bench(host: Host, prompts: list[str], batch_sizes: list[int], max_new_tokens
             s.serving = own.name  # already running it: no restart
         for cfg in (own, chain(host), plain()):
             for bs in batch_sizes:
-                rows.append(s.measure(cfg, bs, prompts, max_new_tokens))
+                rows.append(s.measure(cfg, bs, prompts, max_new_tokens, reps))
     return {"host": host.name, "release": s.active, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-            "batch_sizes": batch_sizes, "rows": [r.to_dict() for r in rows], "restored": s.restored}
+            "batch_sizes": batch_sizes, "reps": reps, "rows": [r.to_dict() for r in rows], "restored": s.restored}
 
 
-def plan(host: Host, configs: list[Config], batch_sizes: list[int]) -> list[str]:
-    """What a measurement would do, for --dry-run (nothing is contacted)."""
+def plan(host: Host, configs: list[Config], batch_sizes: list[int] | None, *, reps: int = DEFAULT_REPS,
+         running: str | None = None) -> list[str]:
+    """What a measurement would do, for --dry-run (nothing is restarted or written). ``running``: the budget the
+    server runs now, when the caller read it (the first config is measured as it runs when it is that budget);
+    ``batch_sizes`` None: the sizes in use on the server."""
+    sizes = ", ".join(map(str, batch_sizes)) if batch_sizes else "the sizes in use on the server"
     lines = [f"take the host lock of {host.name}; check its server is up on an overlay release"]
+    restarts = 0
     for i, cfg in enumerate(configs):
-        how = "measure the server as it runs" if i == 0 and cfg.name == "ddtree" else "restart the server"
-        lines.append(f"{how} for {cfg.name} ({cfg.flags or 'no speculative flags'}); run the workload at "
-                     f"batch {', '.join(map(str, batch_sizes))}")
-    lines.append("restart the server as the host file configures it and check it reports the same config")
+        as_is = i == 0 and cfg.flags is not None and (cfg.name == "ddtree" if running is None else cfg.budget == running)
+        restarts += not as_is
+        how = "measure the server as it runs" if as_is else "restart the server"
+        lines.append(f"{how} for {cfg.name} ({cfg.flags or 'no speculative flags'}); run the workload {reps} times "
+                     f"at batch {sizes} (median and min–max of each cell)")
+    lines.append("restart the server as the host file configures it and check it reports the same config "
+                 f"({restarts + 1} restarts in all)")
     return lines
 
 
-__all__ = ["BUILTIN_PROMPTS", "Config", "Measurement", "Session", "bench", "chain", "ddtree", "load_prompts",
+__all__ = ["BUILTIN_PROMPTS", "DEFAULT_REPS", "Config", "Measurement", "combine", "Session", "bench", "chain", "ddtree", "load_prompts",
            "measuring", "parse_sizes", "plain", "plan", "summarize"]

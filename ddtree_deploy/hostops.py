@@ -131,9 +131,28 @@ def probe(host: Host, *, record: bool = False, record_with_ddtree: bool = False,
         return Prober(conn, progress=progress).run(info["state"]["active"]), None
 
 
+def flag_drift(conn: HostConnection, host: Host, active: str | None) -> list[str] | None:
+    """How the running server's flags (its recorded launch line) differ from the host file's (decide.launch_drift):
+    [] when they agree, None when the server runs nothing this tool started."""
+    from .decide import launch_drift
+
+    drift = launch_drift(host, ServerControl(conn).launch(), ddtree=active is not None)
+    return None if drift is None else list(drift)
+
+
+def server_flag_drift(host: Host) -> list[str] | None:
+    """``flag_drift`` on a connection of its own (``probe`` warns with it before probing)."""
+    require_server(host)
+    with HostConnection(host) as conn:
+        return flag_drift(conn, host, ReleaseManager(conn).show()["state"]["active"])
+
+
 def releases(host: Host, journal_lines: int = 10) -> dict[str, Any]:
     with HostConnection(host) as conn:
-        return ReleaseManager(conn).show(journal_lines)
+        info = ReleaseManager(conn).show(journal_lines)
+        if host.server.get("kind", "none") != "none":
+            info["flag_drift"] = flag_drift(conn, host, info["state"]["active"])
+        return info
 
 
 # -- server --------------------------------------------------------------------------------------------------------------------
@@ -166,4 +185,4 @@ def server_action(host: Host, action: str, *, dry_run: bool = False, wait: bool 
         return res
 
 
-__all__ = ["probe", "releases", "rollback", "server_action"]
+__all__ = ["flag_drift", "probe", "releases", "rollback", "server_action", "server_flag_drift"]

@@ -165,6 +165,10 @@ class ServerControl:
             return self._call("systemd_status", unit=self.host.server["unit"], lines=lines, become=become_prefix(self.host))
         return self._call("status", root=self.host.release_root, lines=lines, port=int(self.host.server.get("port", 30000)))
 
+    def launch(self) -> dict[str, Any] | None:
+        """What the running server was started with (remote/server.py ``launch``): None when not recorded."""
+        return self._call("launch", root=self.host.release_root)
+
     def logs(self, lines: int = 100, previous: bool = False) -> dict[str, Any]:
         require_server(self.host)
         if self.kind == "systemd":

@@ -10,8 +10,12 @@ What is fitted: the runtime's own cost model (``patches/ddtree/runtime/schedule.
 vendors): ``fit_schedule(accept_profile, round_ms, chain_tokens_per_round, batch_sizes, budgets)`` picks per batch
 size the budget with the most tokens per millisecond, the chain (0) where the chain is as good. The schedule goes
 into the host file's ``server.ddtree_flags`` (``--speculative-ddtree-budget 1:64,8:32,...``) with the file's other
-content and comments kept; ``--dry-run`` shows the change and writes nothing; ``--apply`` restarts the server with it
-under the host lock and puts the old flags back if it does not come up.
+content and comments kept; ``--apply`` restarts the server with it under the host lock and puts the old flags back
+if it does not come up; ``--dry-run`` says what it would measure and restarts and writes nothing.
+
+Noise: every cell is measured ``reps`` times (median, min–max). A fitted schedule that differs from the current
+one only where the new budget's best rep does not beat the current budget's worst is noise: the current schedule
+is kept and the output says so, so two runs on an unchanged host do not flip the schedule.
 """
 from __future__ import annotations
 
@@ -23,10 +27,11 @@ from typing import Any
 
 from . import paths
 from .errors import InputError, OperationFailed
-from .hostbench import Measurement, chain, ddtree, measuring, plain
+from .hostbench import DEFAULT_REPS, Measurement, chain, ddtree, measuring, plain
 from .hostfile import plan_budget_edit, write_host_file
 from .inventory import Host
 from .probe import RUNTIME_SUBDIR, ddtree_summary, expected_sglang_dir
+from .server import require_server
 from .spec_flags import budget_of, with_budget
 from .transaction import Progress, quiet
 from .transport import HostConnection
@@ -136,17 +141,76 @@ def fit(ms: list[Measurement], budgets: list[int], batch_sizes: list[int], stats
             "table": table}
 
 
+def _order(budgets: list[int], running: str | None) -> list[int]:
+    """The budgets in the order they are measured: the one the server runs first (no restart), then widest first."""
+    return sorted(budgets, key=lambda b: (str(b) != running, -b))
+
+
+def plan(host: Host, *, batch_sizes: list[int] | None, budgets: list[int], prompts: int, max_new_tokens: int,
+         reps: int) -> dict[str, Any]:
+    """``tune --dry-run``: what tune would measure, fit and write; it restarts and writes nothing (it reads the
+    running server's budget and batch sizes, when it answers)."""
+    from .hostbench import plan as bench_plan
+    from .server import base_url
+
+    require_server(host)
+    with HostConnection(host) as conn:
+        reply = conn.call("probe", "server_info", url=base_url(host), timeout=30)
+    info = reply.get("info") or {} if reply.get("status") == 200 else {}
+    running = str(ddtree_summary(info, None, None).get("budget")) if info else None
+    sizes = batch_sizes or (default_batch_sizes(info) if info else None)
+    configs = [ddtree(host, str(b)) for b in _order(budgets, running)] + [chain(host), plain()]
+    steps = bench_plan(host, configs, sizes, reps=reps, running=running)
+    steps.append(f"fit the schedule with the runtime's cost model ({prompts} prompts x {max_new_tokens} tokens a "
+                 f"cell); keep the current one ({budget_of(str(host.server.get('ddtree_flags') or '')) or 'none'}) "
+                 "where the fitted one wins only within the measured spread; else write it into "
+                 f"{host.source} (server.ddtree_flags)")
+    return {"host": host.name, "dry_run": True, "steps": steps, "batch_sizes": sizes, "budgets": budgets, "reps": reps,
+            "running_budget": running, "written": False}
+
+
+def within_noise(current: str | None, fitted: str, ms: list[Measurement], sizes: list[int]) -> list[dict[str, Any]] | None:
+    """Where the fitted schedule differs from the ``current`` one, whether it only wins within noise: for each batch
+    size where they differ, the fitted budget's best measured tok/s (its max over the reps) against the current
+    budget's worst (its min). The list of those cells when every difference is within noise (keep the current
+    schedule); None when one is a real gain, or the current schedule cannot be compared (not measured, unparsable)."""
+    if not current:
+        return None
+    sched = schedule_module()
+    try:
+        cur, new = sched.parse_schedule(current), sched.parse_schedule(fitted)
+    except ValueError:
+        return None
+    by = {(m.config, m.batch): m for m in ms}
+    cells = []
+    for bs in sizes:
+        a, b = cur.budget_for(bs), new.budget_for(bs)
+        if a == b:
+            continue
+        was, now = by.get(("chain" if a == 0 else f"ddtree-{a}", bs)), by.get(("chain" if b == 0 else f"ddtree-{b}", bs))
+        if was is None or now is None or now.tok_s_min > was.tok_s_max:
+            return None
+        cells.append({"batch": bs, "current": a, "fitted": b, "current_tok_s": was.spread, "fitted_tok_s": now.spread})
+    return cells
+
+
 def tune(host: Host, prompts: list[str], *, batch_sizes: list[int] | None, budgets: list[int], max_new_tokens: int,
-         margin: float = 0.02, dry_run: bool = False, apply: bool = False, progress: Progress = quiet) -> dict[str, Any]:
-    """Measure, fit, and write the schedule into the host file (not with ``dry_run``); ``apply`` restarts the
-    server with it through the host lock. Returns everything measured and decided."""
+         margin: float = 0.02, dry_run: bool = False, apply: bool = False, reps: int = DEFAULT_REPS,
+         progress: Progress = quiet) -> dict[str, Any]:
+    """Measure (each cell ``reps`` times), fit, and write the schedule into the host file; ``apply`` restarts the
+    server with it through the host lock; ``dry_run`` only says what it would measure (nothing restarted, nothing
+    written). A fitted schedule that beats the current one only within the measured spread keeps the current one.
+    Returns everything measured and decided."""
     if dry_run and apply:
         raise InputError("--dry-run and --apply contradict each other (a dry run writes nothing)")
+    plan_budget_edit(host, "1:16,8:0")  # a host file tune cannot edit is refused before anything is measured
+    if dry_run:
+        return plan(host, batch_sizes=batch_sizes, budgets=budgets, prompts=len(prompts), max_new_tokens=max_new_tokens,
+                    reps=reps)
     flags = str(host.server.get("ddtree_flags") or "")
     depths = int(host.server.get("draft_depths") or 15)
     ms: list[Measurement] = []
     stats = None
-    plan_budget_edit(host, "1:16,8:0")  # a host file tune cannot edit is refused before anything is measured
     with measuring(host, "ddtree-deploy tune", progress) as s:
         check_schedule_support(s.run.conn, host, s.active)
         sizes = batch_sizes or default_batch_sizes(s.before)
@@ -156,26 +220,32 @@ def tune(host: Host, prompts: list[str], *, batch_sizes: list[int] | None, budge
             raise InputError(f"--batch-sizes {','.join(map(str, sizes))}: the server runs at most "
                              f"{s.before['max_running_requests']} requests at once (max_running_requests)")
         progress(f"{host.name}: measuring plain, chain and DDTree {', '.join(map(str, budgets))} at batch "
-                 f"{', '.join(map(str, sizes))} ({len(prompts)} prompts, {max_new_tokens} tokens each)")
+                 f"{', '.join(map(str, sizes))} ({len(prompts)} prompts, {max_new_tokens} tokens each, {reps} reps)")
         running = str(ddtree_summary(s.before, None, None).get("budget"))
-        order = sorted(budgets, key=lambda b: (str(b) != running, -b))  # the running budget first: no restart
+        order = _order(budgets, running)  # the running budget first: no restart
         if str(order[0]) == running:
             s.serving = ddtree(host, running).name
         for b in order:
             for bs in sizes:
-                ms.append(s.measure(ddtree(host, str(b)), bs, prompts, max_new_tokens))
+                ms.append(s.measure(ddtree(host, str(b)), bs, prompts, max_new_tokens, reps))
             if b == max(budgets):  # the widest budget's counters: every rank it could draft
                 stats = ms[-1].accept_stats
         for cfg in (chain(host), plain()):
             for bs in sizes:
-                ms.append(s.measure(cfg, bs, prompts, max_new_tokens))
+                ms.append(s.measure(cfg, bs, prompts, max_new_tokens, reps))
     result = fit(ms, budgets, sizes, stats, depths, margin)
     result.update(host=host.name, release=s.active, batch_sizes=sizes, budgets=budgets, prompts=len(prompts),
-                  max_new_tokens=max_new_tokens, margin=margin, restored=s.restored,
-                  measurements=[m.to_dict() for m in ms], old_flags=flags, host_file=host.source)
+                  max_new_tokens=max_new_tokens, margin=margin, reps=reps, restored=s.restored,
+                  measurements=[m.to_dict() for m in ms], old_flags=flags, host_file=host.source, within_noise=None)
     old_budget = budget_of(flags)
     if old_budget is not None and str(schedule_module().parse_schedule(old_budget)) == result["schedule"]:
         result.update(new_flags=flags, diff="", written=False, unchanged=True)
+        return result
+    noise = within_noise(old_budget, result["schedule"], ms, sizes)
+    if noise is not None:
+        current = str(schedule_module().parse_schedule(old_budget))
+        result.update(fitted_schedule=result["schedule"], schedule=current, within_noise=noise, new_flags=flags,
+                      diff="", written=False, unchanged=True)
         return result
     old_text, new_text, diff = plan_budget_edit(host, result["schedule"])
     result.update(diff=diff, written=False, unchanged=False, new_flags=with_budget(flags, result["schedule"]))
@@ -203,4 +273,5 @@ def restart_with(new_host: Host, old_host: Host, old_text: str, progress: Progre
                           f"({res['startup'].get('detail')}); the host file and the server are back as they were")
 
 
-__all__ = ["DEFAULT_BUDGETS", "accept_profile", "default_batch_sizes", "fit", "parse_budgets", "schedule_module", "tune"]
+__all__ = ["DEFAULT_BUDGETS", "accept_profile", "default_batch_sizes", "fit", "parse_budgets", "plan", "schedule_module",
+           "tune", "within_noise"]

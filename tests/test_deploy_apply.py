@@ -48,10 +48,15 @@ def _state(host):
 
 def test_dry_run_shows_a_summary_first_the_diff_on_request_and_touches_nothing(e2e):
     host, env = e2e
+    first = _cli(env, "apply", "--host", host.name, "--dry-run")  # the store has no snapshot yet: none is taken
+    assert first.returncode == 0, first.stderr
+    assert "[snapshot] take a snapshot" in first.stdout and not Path(env["DDTREE_SNAPSHOTS"]).exists()
+    assert _cli(env, "snapshot", "take", host.name).returncode == 0
     proc = _cli(env, "apply", "--host", host.name, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
-    assert "would change" in text and "sglang/srt/server_args.py +" in text and " files, +" in text
+    assert "the overlay against the installed package" in text and "sglang/srt/server_args.py +" in text
+    assert " files, +" in text and "changed=1: no overlay is active" in text and "[snapshot]" not in text
     assert "record a generation baseline first" in text and "build a new release with" in text
     assert "restart `" in text and "probe it; on failure roll back to the installed package" in text
     assert "(the full diff: --diff)" in text and "@@ " not in proc.stdout  # the summary, not 3,000 lines of diff

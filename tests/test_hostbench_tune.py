@@ -137,3 +137,32 @@ def test_summary_and_fit_with_the_runtime_cost_model():
     assert res["model_tokens_per_round"][8] > 1.5
     with pytest.raises(OperationFailed, match="no per-depth acceptance"):
         tune_mod.accept_profile(None, 2)
+
+
+def _m(config: str, tok_s: float, batch: int = 1, round_ms: float = 5.0) -> hostbench.Measurement:
+    return hostbench.Measurement(config, None, batch, 6, 72, 1.0, tok_s, 2.0, 10.0, 12.0, 1.0, round_ms)
+
+
+def test_reps_are_combined_into_a_median_and_its_spread():
+    m = hostbench.combine([_m("ddtree-16", 100.0, round_ms=5.0), _m("ddtree-16", 90.0, round_ms=6.0),
+                           _m("ddtree-16", 120.0, round_ms=4.0)])
+    assert (m.reps, m.tok_s, m.tok_s_min, m.tok_s_max) == (3, 100.0, 90.0, 120.0)
+    assert (m.round_ms, m.round_ms_min, m.round_ms_max) == (5.0, 4.0, 6.0) and m.requests == 18
+    assert m.spread == "100 (90–120) x3"
+    one = _m("chain", 50.0)
+    assert (one.reps, one.tok_s_min, one.tok_s_max) == (1, 50.0, 50.0)
+
+
+def test_a_fitted_schedule_that_wins_only_within_the_spread_keeps_the_current_one():
+    def cell(config: str, low: float, mid: float, high: float, batch: int = 1) -> hostbench.Measurement:
+        return hostbench.combine([_m(config, low, batch), _m(config, mid, batch), _m(config, high, batch)])
+
+    overlapping = [cell("ddtree-16", 95, 100, 105), cell("ddtree-32", 98, 103, 110)]
+    cells = tune_mod.within_noise("16", "32", overlapping, [1])
+    assert cells == [{"batch": 1, "current": 16, "fitted": 32, "current_tok_s": "100 (95–105) x3",
+                      "fitted_tok_s": "103 (98–110) x3"}]
+    clear = [cell("ddtree-16", 95, 100, 105), cell("ddtree-32", 120, 125, 130)]
+    assert tune_mod.within_noise("16", "32", clear, [1]) is None  # a real gain: written
+    assert tune_mod.within_noise("16", "16", clear, [1]) == []  # the same schedule: nothing differs
+    assert tune_mod.within_noise("64", "32", clear, [1]) is None  # the current budget was not measured
+    assert tune_mod.within_noise(None, "32", clear, [1]) is None

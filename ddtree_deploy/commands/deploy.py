@@ -52,20 +52,26 @@ def print_report(report: ApplyReport, *, show_diff: bool = False) -> None:
         err.print(f"[bold yellow]{report.host}: {report.details['reconciled']}[/bold yellow]", highlight=False)
     if report.status == "dry-run":
         summary = report.details.get("summary")
+        # the overlay's files and diff matter only when a new release would be pushed
+        pushes = not isinstance(summary, dict) or any(s["action"] == "push" for s in summary["steps"])
         if isinstance(summary, dict):
-            out.print(f"[bold]{report.host}: would change[/bold]")
-            out.print("\n".join(summary_lines(summary["files"])), markup=False, highlight=False)
-            out.print("[bold]steps[/bold]")
+            if pushes and summary["files"]:
+                out.print(f"[bold]{report.host}: the overlay against the installed package[/bold]")
+                out.print("\n".join(summary_lines(summary["files"])), markup=False, highlight=False)
+            if summary.get("flag_diff"):
+                out.print(f"[bold]{report.host}: server flags (running → host file)[/bold]")
+                out.print("\n".join(f"  {line}" for line in summary["flag_diff"]), markup=False, highlight=False)
+            out.print(f"[bold]{report.host}: steps[/bold]")
             for i, step in enumerate(summary["steps"], 1):
-                out.print(f"  {i}. {step}", markup=False, highlight=False)
+                out.print(f"  {i}. [{step['action']}] {step['text']}", markup=False, highlight=False)
         elif isinstance(summary, list):
             for i, step in enumerate(summary, 1):
                 out.print(f"  {i}. {step}", markup=False, highlight=False)
-        if show_diff and report.details.get("diff"):
+        if pushes and show_diff and report.details.get("diff"):
             out.print(report.details["diff"], markup=False, highlight=False)
-        elif report.details.get("diff"):
+        elif pushes and report.details.get("diff"):
             out.print("[dim](the full diff: --diff)[/dim]")
-        if "abi" in report.details:
+        if "abi" in report.details and report.details.get("snapshot"):  # no snapshot yet: nothing was checked
             from .. import abi
 
             findings = [abi.Finding(**d) for d in report.details.get("abi", [])]
@@ -76,11 +82,21 @@ def print_report(report: ApplyReport, *, show_diff: bool = False) -> None:
         print_probe(report.probe)
     if report.rollback_probe:
         print_probe(report.rollback_probe)
+    if report.details.get("flag_diff"):
+        err.print(f"[bold yellow]{report.host}: restarted because the server's flags differed from the host file:"
+                  "[/bold yellow] " + "; ".join(report.details["flag_diff"]), highlight=False)
     if report.details.get("base_drift"):
         err.print(f"[bold red]{report.host}: pushed with base drift (--allow-base-drift):[/bold red] "
                   + "; ".join(report.details["base_drift"]), highlight=False)
     style = "green" if report.ok else "bold red"
     out.print(f"[{style}]{report.host}: {report.status}[/{style}]: {report.message}", highlight=False)
+
+
+def warn_flag_drift(host: str, drift: list[str]) -> None:
+    """The running server was started with other flags than the host file gives now (``apply`` restarts it)."""
+    err.print(f"[bold yellow]{host}: WARNING: the running server's flags differ from the host file "
+              f"(running → host file: {'; '.join(drift)}); `ddtree-deploy apply --host {host}` restarts it with the "
+              "host file's[/bold yellow]", highlight=False)
 
 
 def print_recap(reports: list[ApplyReport], skipped: list[str], unusable: dict[str, str] | None = None) -> None:
@@ -197,6 +213,9 @@ def probe_cmd(
     what DDTree does there (budget, accept length, tok/s). A release left switched in but unprobed by a run that
     vanished is probed and kept if it passes, else rolled back (said either way)."""
     h = resolve_host(host, inventory)
+    drift = None if dry_run else hostops.server_flag_drift(h)
+    if drift:
+        warn_flag_drift(h.name, drift)
     with _interruptible():
         result, baseline = hostops.probe(h, record=record_baseline, record_with_ddtree=with_ddtree, dry_run=dry_run,
                                          progress=_progress)
@@ -209,7 +228,7 @@ def probe_cmd(
             out.print("dry run: nothing was touched")
         raise typer.Exit(0)
     if as_json:
-        emit_json({**result.to_dict(), "baseline_recorded": bool(baseline)})
+        emit_json({**result.to_dict(), "baseline_recorded": bool(baseline), "flag_drift": drift})
     else:
         if baseline:
             out.print(f"baseline recorded on {h.name}: {len(baseline['outputs'])} prompts, DDTree {'on' if baseline['ddtree'] else 'off'}")
@@ -253,6 +272,8 @@ def releases_cmd(
         emit_json(info)
         return
     st = info["state"]
+    if info.get("flag_drift"):
+        warn_flag_drift(h.name, info["flag_drift"])
     rows = []
     for r in reversed(st["releases"]):
         flags = ", ".join(x for x, on in (("active", r["id"] == st["active"]), ("rollback target", r["id"] == st["previous_good"]))

@@ -257,9 +257,9 @@ def refresh_cmd(
         emit_json({k: v for k, v in res.__dict__.items() if diff or k != "diffs"})
         return
     if dry_run:
-        from ..dryrun import diff_stats, summary_lines
+        from ..dryrun import numstat, summary_lines
 
-        stats = diff_stats("".join(f"diff --git a/{n} b/{n}\n" + d for n, d in res.diffs.items()))
+        stats = numstat("".join(f"diff --git a/{n} b/{n}\n" + d for n, d in res.diffs.items()))
         out.print(f"[bold]{ps.qualified_name}: refresh from {directory} would change[/bold]")
         out.print("\n".join(summary_lines(stats)) if stats else "  nothing (the series is up to date)", markup=False,
                   highlight=False)

@@ -21,15 +21,24 @@ PromptsOpt = typer.Option(None, "--prompts", metavar="FILE", help="workload prom
                           "JSON string or {\"text\": ...} per line); default: a built-in mix of six")
 MaxNewOpt = typer.Option(64, "--max-new-tokens", min=1, max=4096, help="tokens each request decodes (EOS ignored, so "
                          "every config does the same work)")
+RepsOpt = typer.Option(hostbench.DEFAULT_REPS, "--reps", min=1, max=100, help="times each cell (config x batch size) is "
+                       "measured; tables show the median and the min–max")
 
 RESTART_NOTE = ("The host's server is restarted once per config (it serves no traffic meanwhile) under the host lock, "
                 "then restarted as the host file configures it and checked; if the tool is interrupted or cut off, "
                 "the host's guardian puts it back by itself.")
 
 
+def _spread(m: dict[str, Any]) -> str:
+    """tok/s of one cell: the median and, over more than one rep, the min–max."""
+    if m.get("reps", 1) < 2:
+        return f"{m['tok_s']:g}"
+    return f"{m['tok_s']:g} ({m['tok_s_min']:g}–{m['tok_s_max']:g})"
+
+
 def _rows(ms: list[dict[str, Any]]) -> list[list[Any]]:
     chain = {m["batch"]: m["tok_s"] for m in ms if m["config"] == "chain"}
-    return [[m["config"], m["budget"] or "-", m["batch"], m["tok_s"],
+    return [[m["config"], m["budget"] or "-", m["batch"], _spread(m), m.get("reps", 1),
              f"{m['tok_s'] / chain[m['batch']]:.2f}x" if chain.get(m["batch"]) else "-",
              m["accept_length"] if m["accept_length"] is not None else "-", m["latency_ms"], m["latency_p90_ms"],
              m["ms_per_token"], m["round_ms"]] for m in ms]
@@ -41,6 +50,7 @@ def bench_cmd(
     batch_sizes: str = typer.Option("1", "--batch-sizes", metavar="N,N", help="requests in flight at once, each a "
                                     "measurement (e.g. 1,8)"),
     max_new_tokens: int = MaxNewOpt,
+    reps: int = RepsOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="say which configs it would restart the server into; touch "
                                  "nothing"),
     inventory: Optional[Path] = InventoryOpt,
@@ -56,24 +66,29 @@ def bench_cmd(
     texts = hostbench.load_prompts(prompts)
     configs = [hostbench.ddtree(h, name="ddtree"), hostbench.chain(h), hostbench.plain()]
     if dry_run:
-        steps = hostbench.plan(h, configs, sizes)
-        if as_json:
-            emit_json({"host": h.name, "dry_run": True, "steps": steps, "prompts": len(texts)})
-        else:
-            for i, step in enumerate(steps, 1):
-                out.print(f"  {i}. {step}", markup=False, highlight=False)
-            out.print("dry run: nothing was touched")
-        raise typer.Exit(0)
+        _print_plan({"host": h.name, "dry_run": True, "prompts": len(texts), "reps": reps,
+                     "steps": hostbench.plan(h, configs, sizes, reps=reps)}, as_json)
     with _interruptible():
-        res = hostbench.bench(h, texts, sizes, max_new_tokens, progress=_progress)
+        res = hostbench.bench(h, texts, sizes, max_new_tokens, reps=reps, progress=_progress)
     if as_json:
         emit_json(res)
         return
     out.print(table(f"{h.name}: plain / chain / DDTree on release {res['release']} ({res['prompts']} prompts x "
-                    f"{max_new_tokens} tokens)",
-                    ["config", "budget", "batch", "tok/s", "vs chain", "accept len", "latency ms", "p90 ms",
+                    f"{max_new_tokens} tokens; tok/s: median (min–max) of {reps} reps)",
+                    ["config", "budget", "batch", "tok/s", "reps", "vs chain", "accept len", "latency ms", "p90 ms",
                      "ms/token", "round ms"], _rows(res["rows"])))
     out.print(f"server put back as configured ({res['restored'].get('restarts')} restarts)", highlight=False)
+
+
+def _print_plan(plan: dict[str, Any], as_json: bool) -> None:
+    """A dry run of bench or tune: the steps, and that nothing was restarted or written; exits 0."""
+    if as_json:
+        emit_json(plan)
+    else:
+        for i, step in enumerate(plan["steps"], 1):
+            out.print(f"  {i}. {step}", markup=False, highlight=False)
+        out.print("dry run: nothing was touched (no restart, nothing written)")
+    raise typer.Exit(0)
 
 
 def tune_cmd(
@@ -87,7 +102,9 @@ def tune_cmd(
     max_new_tokens: int = MaxNewOpt,
     margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="a budget must beat the chain's tokens/ms "
                                  "by this fraction to be chosen"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="measure and show the change to the host file; write nothing"),
+    reps: int = RepsOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what it would measure and write; restart and write "
+                                 "nothing"),
     apply: bool = typer.Option(False, "--apply", help="after writing the host file, restart the server with the new "
                                "schedule (host lock; the old file is put back if it does not come up)"),
     inventory: Optional[Path] = InventoryOpt,
@@ -106,29 +123,37 @@ def tune_cmd(
     texts = hostbench.load_prompts(prompts)
     with _interruptible():
         res = tune_mod.tune(h, texts, batch_sizes=sizes, budgets=wanted, max_new_tokens=max_new_tokens, margin=margin,
-                            dry_run=dry_run, apply=apply, progress=_progress)
+                            dry_run=dry_run, apply=apply, reps=reps, progress=_progress)
+    if res.get("dry_run"):
+        _print_plan(res, as_json)
     if as_json:
         emit_json(res)
         return
-    cols = ["batch", "plain", "chain"] + [f"b{b}" for b in res["budgets"]] + ["chosen", "schedule", "vs chain"]
-    rows = [[r["batch"], r["plain_tok_s"], r["chain_tok_s"], *[r[f"b{b}_tok_s"] for b in res["budgets"]],
-             r["chosen_budget"] or "chain", r["schedule_tok_s"], f"{r['schedule_tok_s'] / r['chain_tok_s']:.2f}x"]
+    cell = {(m["config"], m["batch"]): _spread(m) for m in res["measurements"]}
+    cols = ["batch", "plain", "chain"] + [f"b{b}" for b in res["budgets"]] + ["chosen", "vs chain"]
+    rows = [[r["batch"], cell[("plain", r["batch"])], cell[("chain", r["batch"])],
+             *[cell[(f"ddtree-{b}", r["batch"])] for b in res["budgets"]],
+             r["chosen_budget"] or "chain", f"{r['schedule_tok_s'] / r['chain_tok_s']:.2f}x"]
             for r in res["table"]]
-    out.print(table(f"{h.name}: tok/s by budget x batch (release {res['release']})", cols, rows))
+    out.print(table(f"{h.name}: tok/s by budget x batch, median (min–max) of {res['reps']} reps (release "
+                    f"{res['release']})", cols, rows))
     out.print(f"tokens per round: chain {res['chain_tokens_per_round']} measured; DDTree model "
               + ", ".join(f"b{b} {v}" for b, v in res["model_tokens_per_round"].items()) + " (measured "
               + ", ".join(f"b{b} {v}" for b, v in res["measured_tokens_per_round"].items()) + ")", highlight=False)
     out.print(f"schedule: {res['schedule']}", highlight=False)
+    if res.get("within_noise"):
+        cells = "; ".join(f"batch {c['batch']}: fitted {c['fitted'] or 'chain'} {c['fitted_tok_s']} vs current "
+                          f"{c['current'] or 'chain'} {c['current_tok_s']} tok/s" for c in res["within_noise"])
+        out.print(f"the fitted schedule {res['fitted_schedule']} differs from the current {res['schedule']} only within "
+                  f"noise ({cells}): keeping the current one; nothing written", highlight=False)
+        return
     if res["unchanged"]:
         out.print(f"{res['host_file']}: already runs this schedule; nothing written", highlight=False)
         return
     out.print(res["diff"], markup=False, highlight=False, end="")
-    if not res["written"]:
-        out.print("dry run: the host file was not written", highlight=False)
-    else:
-        out.print(f"wrote {res['host_file']}" + ("; the server was restarted with it" if res.get("applied") else
-                                                 f"; it takes effect at the next restart (ddtree-deploy server restart "
-                                                 f"{h.name}, or tune --apply)"), highlight=False)
+    out.print(f"wrote {res['host_file']}" + ("; the server was restarted with it" if res.get("applied") else
+                                             f"; it takes effect at the next restart (ddtree-deploy apply --host "
+                                             f"{h.name}, or tune --apply)"), highlight=False)
     err.print(f"[dim]server put back as configured after the measurement ({res['restored'].get('restarts')} "
               "restarts)[/dim]")
 

@@ -234,22 +234,53 @@ def systemd_logs(unit, lines=100, become=""):
 
 
 # -- the one entry of the deploy transaction --------------------------------------------------------------------------------
+def _launch_path(root):
+    return os.path.join(_paths(root)[0], "launch.json")
+
+
+def _record_launch(root, spec, line, release, ddtree):
+    """What the server was last started with (the managed command line, or the systemd drop-in), so a later
+    apply / probe / releases can tell when the host file asks for other flags than the running server has."""
+    os.makedirs(_paths(root)[0], exist_ok=True)
+    _write_json(_launch_path(root), {"kind": spec.get("kind"), "launch": line, "ddtree": bool(ddtree),
+                                     "env": spec.get("env") or {}, "release": release, "started": _now()})
+
+
+def launch(root):
+    """Op: the launch record of the server (None when it was never started by this tool, or it is stopped). A
+    managed server started before launch records existed: the command its pid file names."""
+    record = _read_json(_launch_path(root))
+    if record is None:
+        pid = _read_pid(_paths(root)[1])
+        if _alive(pid) and pid.get("command"):
+            record = {"kind": "managed", "launch": pid["command"], "release": pid.get("release")}
+    return record
+
+
 def control(root, spec, action, release=None, ddtree=True):
     """``action`` (start | stop | restart) on the host's server as ``spec`` says, on ``release`` with DDTree flags
     on or off. Managed: our own process; systemd: the drop-in for that mode (rewritten only when it changes), then
-    systemctl."""
+    systemctl. A start or restart records its launch line (``launch``); a stop removes the record."""
+    if action == "stop" and os.path.exists(_launch_path(root)):
+        os.unlink(_launch_path(root))
     if spec.get("kind") == "systemd":
         if action != "stop":
-            systemd_dropin(spec["unit"], spec["dropin_on" if ddtree else "dropin_off"], spec.get("unit_dir") or "/etc/systemd/system",
-                           become=spec.get("become", ""))
+            line = spec["dropin_on" if ddtree else "dropin_off"]
+            systemd_dropin(spec["unit"], line, spec.get("unit_dir") or "/etc/systemd/system", become=spec.get("become", ""))
+            res = systemd(spec["unit"], action, become=spec.get("become", ""))
+            _record_launch(root, spec, line, release, ddtree)
+            return res
         return systemd(spec["unit"], action, become=spec.get("become", ""))
     wait = float(spec.get("stop_timeout", 20.0))
     command = spec["command_on" if ddtree else "command_off"]
     if action == "stop":
         return stop(root, wait)
     if action == "start":
-        return start(root, command, spec.get("env") or {}, release, spec.get("port"))
-    return restart(root, command, spec.get("env") or {}, release, wait, spec.get("port"))
+        res = start(root, command, spec.get("env") or {}, release, spec.get("port"))
+    else:
+        res = restart(root, command, spec.get("env") or {}, release, wait, spec.get("port"))
+    _record_launch(root, spec, command, release, ddtree)
+    return res
 
 
 def running(root, spec):
@@ -260,4 +291,5 @@ def running(root, spec):
 
 
 OPS = {"start": start, "stop": stop, "restart": restart, "status": status, "logs": logs, "systemd_dropin": systemd_dropin,
-       "systemd": systemd, "systemd_status": systemd_status, "systemd_logs": systemd_logs, "control": control}
+       "systemd": systemd, "systemd_status": systemd_status, "systemd_logs": systemd_logs, "control": control,
+       "launch": launch}

@@ -130,7 +130,8 @@ def test_a_bad_host_file_takes_only_its_own_host_out_of_all(local) -> None:
 
 
 def test_apply_dry_run_from_another_directory_keeps_the_store_in_the_user_data_dir(local, wheel_env, tmp_path) -> None:
-    """The first-hour defect: `apply --dry-run` run from some directory wrote a 34 MB ./snapshots there."""
+    """The first-hour defects: `apply --dry-run` run from some directory wrote a 34 MB ./snapshots there, and then
+    (issue 25.3) a 34 MB snapshot into the user's store; a dry run takes no snapshot at all: it says it would."""
     _, env, _, _ = local
     home, cwd = tmp_path / "home", tmp_path / "somewhere"
     home.mkdir()
@@ -138,7 +139,10 @@ def test_apply_dry_run_from_another_directory_keeps_the_store_in_the_user_data_d
     user_env = {k: v for k, v in env.items() if k != "DDTREE_SNAPSHOTS"}
     proc = wheel_env.run("apply", "--host", NAME, "--dry-run", "--ignore-abi", cwd=cwd, HOME=str(home), **user_env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "nothing was touched" in proc.stdout
+    assert "nothing was touched" in proc.stdout and "[snapshot] take a snapshot" in proc.stdout
     assert list(cwd.iterdir()) == []
+    assert not (home / ".local" / "share" / "ddtree-deploy").exists()  # the user's store: not even created
+    taken = wheel_env.run("snapshot", "take", NAME, cwd=cwd, HOME=str(home), **user_env)
+    assert taken.returncode == 0, taken.stderr[-2000:]
     store = home / ".local" / "share" / "ddtree-deploy" / "snapshots"
-    assert (store / NAME).is_dir() and any((store / "objects").iterdir())
+    assert (store / NAME).is_dir() and any((store / "objects").iterdir()) and list(cwd.iterdir()) == []
