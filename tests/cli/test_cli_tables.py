@@ -1,0 +1,116 @@
+"""What people read at 80 columns and while they wait (issue 25, findings 6 and 9), through the installed console
+script: ids, numbers and versions are never split or cut (a key-value layout when a table does not fit, ``-o wide``
+for the full width), help keeps default paths whole, and a server that takes seconds to start shows the elapsed
+time and its last log line, while ``--json`` stays pure JSON.
+
+The sandbox part runs on a copy of the sandbox's base host (its own name, release root and server port, the same
+sshd), whose reference engine waits 6 s before it loads, as a large checkpoint would.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "kernel-pins-other-torch.json"
+NAME = "tablebox"
+NARROW = {"COLUMNS": "80"}
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def _assert_fits(text: str) -> None:
+    too_long = [line for line in _lines(text) if len(line) > 80]
+    assert not too_long, too_long
+    assert "…" not in text, text
+
+
+def test_abi_findings_keep_the_torch_version_whole_at_80_columns(cli) -> None:
+    proc = cli("abi", "--facts", str(FACTS), **NARROW)
+    assert proc.returncode == 4, proc.stderr
+    _assert_fits(proc.stdout)
+    # the version to install, on one line, whole (the old table cut it to `torch==2.…`)
+    assert any("install torch==2.9.1 " in line for line in _lines(proc.stdout)), proc.stdout
+    assert any("2.11.0+cu130" in line for line in _lines(proc.stdout)), proc.stdout
+
+
+def test_wide_prints_each_finding_on_one_line(cli) -> None:
+    for flags in (["-o", "wide"], ["--wide"]):
+        proc = cli("abi", "--facts", str(FACTS), *flags, **NARROW)
+        assert proc.returncode == 4, proc.stderr
+        row = [line for line in _lines(proc.stdout) if "torch-pins" in line]
+        assert len(row) == 1 and "kernel-pins-other-torch" in row[0] and "install torch==2.9.1" in row[0], proc.stdout
+        assert len(row[0]) > 80
+
+
+def test_help_keeps_default_paths_whole_at_80_columns(cli) -> None:
+    proc = cli("sandbox", "up", "--help", **NARROW)
+    assert proc.returncode == 0, proc.stderr
+    _assert_fits(proc.stdout)
+    joined = "".join(line.strip("│ ") for line in _lines(proc.stdout))
+    assert "~/.local/state/ddtree-deploy/sandbox" in joined, proc.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def box(sandbox, wheel_env, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tables")
+    inv = root / "hosts"
+    inv.mkdir()
+    doc = yaml.safe_load(Path(sandbox.base.source).read_text())
+    doc.update(name=NAME, release_root="/srv/ddtree-host/table-releases")
+    doc["server"]["port"] = _free_port()
+    doc["server"]["command"] = doc["server"]["command"].replace("{ddtree_flags}", "--load-delay 6 {ddtree_flags}")
+    (inv / f"{NAME}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    # a second host whose file is bad: `apply --all` then prints the fleet recap, with its long message
+    (inv / "broken.yaml").write_text("python: /usr/bin/python3\nsite_packages: /usr/lib/python3/dist-packages\n")
+    env = {"DDTREE_INVENTORY": str(inv), "DDTREE_SNAPSHOTS": str(root / "snapshots")}
+
+    def run(*args: str, timeout: float = 600, **extra: str):
+        return wheel_env.run(*args, timeout=timeout, **env, **extra)
+
+    yield run
+    run("server", "stop", NAME, timeout=120)
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_apply_shows_the_wait_and_a_recap_that_keeps_ids_whole(box) -> None:
+    run = box
+    proc = run("apply", "--all", **NARROW)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]  # the bad host file: exit 2, the rest done
+    # the start-up wait, where stderr is not a terminal: plain lines with the elapsed time and the server's last line
+    waits = [line for line in _lines(proc.stderr) if re.match(rf"^{NAME}: probe stage startup: \d+ s elapsed", line)]
+    assert waits, proc.stderr
+    assert any("last log line:" in w and "(loading)" in w for w in waits), waits
+    releases = json.loads(run("releases", NAME, "--json").stdout)
+    release = releases["state"]["active"]
+    assert release
+    _assert_fits(proc.stdout)
+    assert any(release in line for line in _lines(proc.stdout)), proc.stdout  # the release id whole, on one line
+    # the recap's message is prose: whole words, several to a line (not one word per line), never cut at 90
+    message = [line for line in _lines(proc.stdout) if "bad host file:" in line]
+    assert message and len(message[0].split()) >= 4, proc.stdout
+    assert "missing required field 'release_root'" in " ".join(proc.stdout.split()), proc.stdout
+
+    snaps = run("snapshot", "list", NAME, **NARROW)
+    assert snaps.returncode == 0, snaps.stderr
+    _assert_fits(snaps.stdout)
+    ids = [s["id"] for s in json.loads(run("snapshot", "list", NAME, "--json").stdout)]
+    assert ids and all(any(i in line for line in _lines(snaps.stdout)) for i in ids), snaps.stdout
+
+    # a second run is "unchanged" and probes the running server; --json keeps stdout pure JSON
+    again = run("apply", "--host", NAME, "--json", **NARROW)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert json.loads(again.stdout)["host"] == NAME
