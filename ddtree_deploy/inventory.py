@@ -23,7 +23,8 @@ import yaml
 
 from . import paths
 from .errors import InputError
-from .schema import Field, absolute_path, become_command, collect, non_negative, port_range, positive, raise_problems
+from .schema import (Field, absolute_path, become_command, collect, load_yaml, port_range, positive, raise_problems,
+                     seconds)
 
 log = logging.getLogger("ddtree_deploy.inventory")
 
@@ -54,17 +55,17 @@ SERVER_SCHEMA: dict[str, Field] = {
     "become": Field("str", default="", check=become_command,
                     help="privilege escalation for the drop-in, systemctl and journalctl: sudo or doas (run with -n), "
                          "or an absolute command prefix"),
-    "stop_timeout": Field("float", default=20.0, check=positive),
+    "stop_timeout": Field("float", default=20.0, check=seconds()),
 }
 
 #: How the probe judges a freshly started server.
 PROBE_SCHEMA: dict[str, Field] = {
-    "startup_timeout": Field("float", default=600.0, check=positive, help="seconds for /health to answer 200"),
-    "startup_stall_timeout": Field("float", default=300.0, check=non_negative,
+    "startup_timeout": Field("float", default=600.0, check=seconds(), help="seconds for /health to answer 200"),
+    "startup_stall_timeout": Field("float", default=300.0, check=seconds(zero_ok=True),
                                    help="fail start-up once the server log is silent and /health failing this long (0: off)"),
-    "overlay_timeout": Field("float", default=60.0, check=positive),
-    "selftest_timeout": Field("float", default=120.0, check=positive),
-    "generation_timeout": Field("float", default=120.0, check=positive),
+    "overlay_timeout": Field("float", default=60.0, check=seconds()),
+    "selftest_timeout": Field("float", default=120.0, check=seconds()),
+    "generation_timeout": Field("float", default=120.0, check=seconds()),
     "health_path": Field("str", default="/health"),
     "prompts": Field("list", default=list, items=Field("str")),
     "max_new_tokens": Field("int", default=32, check=positive),
@@ -85,8 +86,8 @@ HOST_SCHEMA: dict[str, Field] = {
     "known_hosts": Field("str", default="~/.ssh/known_hosts", help="known_hosts file checked strictly"),
     "trust_on_first_use": Field("bool", default=False, help="accept and record an unknown key once (never a changed one)"),
     "ssh_agent": Field("bool", default=True, help="offer the keys held in ssh-agent, as OpenSSH does (false: never)"),
-    "connect_timeout": Field("float", default=10.0, check=positive),
-    "command_timeout": Field("float", default=600.0, check=positive),
+    "connect_timeout": Field("float", default=10.0, check=seconds()),
+    "command_timeout": Field("float", default=600.0, check=seconds()),
     "python": Field("str", required=True, check=absolute_path, help="the interpreter SGLang runs under"),
     "site_packages": Field("str", required=True, check=absolute_path, help="site-packages holding the installed sglang"),
     "release_root": Field("str", required=True, check=absolute_path, help="where overlay releases live"),
@@ -168,7 +169,7 @@ def load_host_file(path: Path) -> Host:
     source = str(path)
     text = _read_text(path, source)
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as exc:
         raise InputError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from exc
     if doc is None:

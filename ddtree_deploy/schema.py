@@ -7,10 +7,41 @@ of a document is reported at once (one line each), so a file is fixed in one pas
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import yaml
+
 from .errors import InputError
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one YAML mapping (the message names the key and both lines)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base constructor reports it
+            if first is not None:
+                raise DuplicateKeyError(f"key {key!r} is given twice (lines {first.start_mark.line + 1} and "
+                                        f"{key_node.start_mark.line + 1}); YAML would keep only the last: write it once")
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML the tool reads (host files, patchset.yaml): safe, and a duplicate key in any mapping is a
+    yaml.YAMLError naming the key and both lines, which the caller reports with its file name."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
 @dataclass(frozen=True)
@@ -146,6 +177,22 @@ def positive(value: float) -> str | None:
 
 def non_negative(value: float) -> str | None:
     return None if value >= 0 else "expected 0 or a positive number"
+
+
+#: The longest wait a host file may ask for: a week (an hour-long model load is common, `.inf` never meant).
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+def seconds(*, zero_ok: bool = False, most: float = MAX_SECONDS) -> Callable[[float], str | None]:
+    """A timeout in seconds: finite and within (0, most] (or [0, most] when 0 means "off"); ``.inf``, ``.nan`` and
+    absurd values are refused with the range (they would overflow a deadline later)."""
+    low = "0 <=" if zero_ok else "0 <"
+
+    def check(value: float) -> str | None:
+        if math.isfinite(value) and (value >= 0 if zero_ok else value > 0) and value <= most:
+            return None
+        return f"expected a finite number of seconds, {low} x <= {most:g}"
+    return check
 
 
 def become_command(value: str) -> str | None:

@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import paths
 from ..errors import InputError, PatchDoesNotApply
-from ..schema import Field, validate
+from ..schema import Field, load_yaml, validate
 from .diff import PatchFile, check_path_in_package, parse_patch
 
 #: Largest file a patch set may ship (a patch, a vendored runtime file, the YAML): protects the tool and the hosts
@@ -266,7 +266,7 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
     src = str(yaml_path)
     raw_bytes = read_limited(yaml_path, what="patch-set file")
     try:
-        doc = yaml.safe_load(raw_bytes.decode("utf-8"))
+        doc = load_yaml(raw_bytes.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{src}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
