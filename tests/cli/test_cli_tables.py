@@ -92,7 +92,7 @@ def test_apply_shows_the_wait_and_a_recap_that_keeps_ids_whole(box) -> None:
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]  # the bad host file: exit 2, the rest done
     # the start-up wait, where stderr is not a terminal: plain lines with the elapsed time and the server's last line
     waits = [line for line in _lines(proc.stderr) if re.match(rf"^{NAME}: probe stage startup: \d+ s elapsed", line)]
-    assert waits, proc.stderr
+    assert waits, proc.stdout + proc.stderr
     assert any("last log line:" in w and "(loading)" in w for w in waits), waits
     releases = json.loads(run("releases", NAME, "--json").stdout)
     release = releases["state"]["active"]
