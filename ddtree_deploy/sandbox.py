@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -226,9 +228,14 @@ def python_env_command(venv: str, wheel: Path) -> str:
     """Shell command that makes a Python environment at ``venv`` (this interpreter, its site-packages visible for
     torch) with ``wheel`` installed into it without dependencies."""
     site = f"{venv}/lib/{PY_TAG}/site-packages"
+    # run from a virtual environment, "system site-packages" are the base interpreter's, not the ones torch is in:
+    # a .pth line makes this interpreter's own site-packages visible too
+    parent = sysconfig.get_paths()["purelib"]
+    see_parent = (f" && echo {shlex.quote(parent)} > {site}/_ddtree_parent_site.pth"
+                  if sys.prefix != sys.base_prefix else "")
     return (f"{sys.executable} -m venv --without-pip --system-site-packages {venv} && "
             f"{sys.executable} -m pip install --quiet --no-deps --no-compile --disable-pip-version-check "
-            f"--no-warn-script-location --target {site} {wheel}")
+            f"--no-warn-script-location --target {site} {wheel}{see_parent}")
 
 
 def copy_refengine(site_packages: Path) -> None:
