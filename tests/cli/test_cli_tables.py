@@ -4,7 +4,7 @@ for the full width), help keeps default paths whole, and a server that takes sec
 time and its last log line, while ``--json`` stays pure JSON.
 
 The sandbox part runs on a copy of the sandbox's base host (its own name, release root and server port, the same
-sshd), whose reference engine waits 6 s before it loads, as a large checkpoint would.
+sshd), whose reference engine waits 14 s before it loads, as a large checkpoint would.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def box(sandbox, wheel_env, tmp_path_factory):
     doc = yaml.safe_load(Path(sandbox.base.source).read_text())
     doc.update(name=NAME, release_root="/srv/ddtree-host/table-releases")
     doc["server"]["port"] = _free_port()
-    doc["server"]["command"] = doc["server"]["command"].replace("{ddtree_flags}", "--load-delay 6 {ddtree_flags}")
+    doc["server"]["command"] = doc["server"]["command"].replace("{ddtree_flags}", "--load-delay 14 {ddtree_flags}")
     (inv / f"{NAME}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     # a second host whose file is bad: `apply --all` then prints the fleet recap, with its long message
     (inv / "broken.yaml").write_text("python: /usr/bin/python3\nsite_packages: /usr/lib/python3/dist-packages\n")

@@ -60,3 +60,30 @@ def test_a_key_given_twice_in_a_patchset_yaml_is_an_error(cli, tmp_path: Path) -
     yaml_path.write_text(text.replace("version: 0.1.0\n", "version: 0.1.0\nversion: 9.9.9\n", 1))
     first = _error(cli("patchset", "show", "ddtree/sglang-0.5.11", "--patches", str(root)))
     assert str(yaml_path) in first and "key 'version' is given twice (lines 2 and 3)" in first, first
+
+
+def test_host_file_json_schema_is_committed_in_sync_and_fits_the_examples(cli, tmp_path: Path) -> None:
+    import json
+
+    import jsonschema
+    import yaml
+
+    committed = REPO / "hosts" / "host.schema.json"
+    proc = cli("hosts", "schema")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == committed.read_text(), "hosts/host.schema.json is stale: `ddtree-deploy hosts schema " \
+        "--output hosts/host.schema.json`"
+    written = tmp_path / "host.schema.json"
+    assert cli("hosts", "schema", "--output", str(written)).returncode == 0
+    assert written.read_text() == committed.read_text()
+    schema = json.loads(committed.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for example in sorted((REPO / "hosts" / "examples").glob("*.yaml")):
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(example.read_text()))]
+        assert not errors, (example, errors)
+    # what the CLI refuses, an editor is told too: an unknown field, a port out of range, a relative python
+    bad = {"address": "h", "python": "bin/python", "site_packages": "/s", "release_root": "/r", "port": 0, "colour": 1}
+    messages = " ".join(e.message for e in validator.iter_errors(bad))
+    assert "'colour' was unexpected" in messages and "0 is not valid" in messages  # port: integer 1..65535 or null
+    assert "does not match '^/'" in messages
