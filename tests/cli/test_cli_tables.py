@@ -9,8 +9,12 @@ sshd), whose reference engine waits 14 s before it loads, as a large checkpoint 
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +84,7 @@ def box(sandbox, wheel_env, tmp_path_factory):
     def run(*args: str, timeout: float = 600, **extra: str):
         return wheel_env.run(*args, timeout=timeout, **env, **extra)
 
+    run.env = env  # type: ignore[attr-defined]
     yield run
     run("server", "stop", NAME, timeout=120)
 
@@ -114,3 +119,41 @@ def test_apply_shows_the_wait_and_a_recap_that_keeps_ids_whole(box) -> None:
     again = run("apply", "--host", NAME, "--ignore-abi", "--json", **NARROW)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert json.loads(again.stdout)["host"] == NAME
+
+
+def _in_a_terminal(wheel_env, *args: str, env: dict[str, str], timeout: float = 300) -> tuple[int, str]:
+    """Run the installed script with a pseudo-terminal as stdin, stdout and stderr (what a person's shell gives)."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen([str(wheel_env.script), *args], stdin=slave, stdout=slave, stderr=slave, cwd=wheel_env.workdir,
+                            env=wheel_env.env(TERM="xterm", **env))
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: the other side is closed
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+            raise AssertionError(f"{args} did not finish within {timeout} s")
+    finally:
+        os.close(master)
+    return proc.wait(timeout=30), b"".join(chunks).decode("utf-8", "replace")
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_snapshot_in_a_terminal_shows_the_manifest_as_a_count_of_files(box, wheel_env) -> None:
+    code, text = _in_a_terminal(wheel_env, "snapshot", "take", NAME, "--refresh", env={**box.env, **NARROW})
+    assert code == 0, text[-3000:]
+    # the manifest stage (the host listing and hashing every file) is a spinner and a count, never `0/? bytes`
+    assert re.search(r"listing files|\d+ files", text), text[-3000:]
+    assert "/? bytes" not in text, text[-3000:]

@@ -11,6 +11,7 @@ line with the right exit code and the host untouched; Ctrl-C during a bench leav
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -104,6 +105,20 @@ def test_bench_plain_chain_ddtree_side_by_side_and_puts_the_server_back(box) -> 
     table = run("bench", "--host", NAME, "--batch-sizes", "1", "--dry-run")
     assert table.returncode == 0 and "dry run: nothing was touched" in table.stdout
     assert _info(host_file)["pid"] == after["pid"]
+
+
+def test_bench_table_keeps_every_number_whole_at_80_columns(box) -> None:
+    _, _, env, wheel_env = box
+    res = wheel_env.run("bench", "--host", NAME, "--batch-sizes", "1", *WORK, timeout=600, COLUMNS="80", **env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in res.stdout
+    # ten columns do not fit 80: each config is a block of "name  value" lines, every number whole on its line
+    # (the old table split them mid-number, `1569.` over `41`)
+    for name in ("tok/s", "latency ms", "p90 ms", "ms/token", "round ms"):
+        values = [line.split()[-1] for line in lines if line.startswith(name + " ")]
+        assert len(values) == 3 and all(re.fullmatch(r"\d+(\.\d+)?", v) for v in values), (name, res.stdout)
+    assert sorted(line.split()[-1] for line in lines if line.startswith("config ")) == ["chain", "ddtree", "plain"]
 
 
 def test_tune_dry_run_measures_and_writes_nothing(box) -> None:
