@@ -37,7 +37,7 @@ _NUMBER = re.compile(r"^[-+]?(\d[\d,]*)?\.?\d+(e[-+]?\d+)?\s*(%|x|s|ms|MB|GB|KiB
 def set_wide(on: bool = True) -> None:
     """Tables at their full width: the console no longer wraps at the terminal's columns."""
     global _wide
-    _wide = on
+    _wide = on  # off: the width stays what the console found (a run in-process may have set it)
     if on:
         out.width = 100_000
 
@@ -56,8 +56,7 @@ def take_wide_flag(args: list[str]) -> list[str]:
         else:
             head.append(a)
         i += 1
-    if found:
-        set_wide()
+    set_wide(found)
     return head + args[end:]
 
 
@@ -104,8 +103,8 @@ class FitTable:
     def _min_widths(self, kinds: list[str]) -> list[int]:
         widths = []
         for i, (name, kind) in enumerate(zip(self.columns, kinds, strict=True)):
-            words = name.split() or [""]
-            need = max(cell_len(w) for w in words)
+            # a prose header wraps between words; a whole column's header is not wrapped either (rich's no_wrap)
+            need = max(cell_len(w) for w in name.split() or [""]) if kind == "prose" else cell_len(name)
             for cells, _ in self.rows:
                 text = _plain(cells[i]) if i < len(cells) else ""
                 for line in text.splitlines() or [""]:
@@ -116,13 +115,38 @@ class FitTable:
             widths.append(need)
         return widths
 
-    def _table(self, kinds: list[str], *, whole_prose: bool) -> Table:
+    def _natural_widths(self) -> list[int]:
+        """Each column's width with nothing wrapped: its longest line, header included."""
+        widths = []
+        for i, name in enumerate(self.columns):
+            lines = [line for cells, _ in self.rows for line in (_plain(cells[i]) if i < len(cells) else "").splitlines()]
+            widths.append(max([cell_len(name)] + [cell_len(line) for line in lines]))
+        return widths
+
+    def _widths(self, kinds: list[str], room: int) -> list[int]:
+        """Every column at least its minimum (whole columns whole, prose its longest word); what room is left goes
+        to the prose columns in proportion to what they lack. Fixed here, so rich never shrinks a column further."""
+        mins, natural = self._min_widths(kinds), self._natural_widths()
+        widths = list(mins)
+        lack = [max(0, n - m) for n, m in zip(natural, mins, strict=True)]
+        spare = room - sum(mins)
+        if sum(lack) <= spare:
+            return [max(n, m) for n, m in zip(natural, mins, strict=True)]
+        for i, want in enumerate(lack):
+            widths[i] += spare * want // sum(lack)
+        for i in sorted(range(len(lack)), key=lambda j: -lack[j])[:room - sum(widths)]:
+            widths[i] += 1
+        return widths
+
+    def _table(self, kinds: list[str], widths: list[int] | None) -> Table:
         t = Table(title=self.title, title_justify="left", header_style="bold", show_lines=self.show_lines)
-        for name, kind in zip(self.columns, kinds, strict=True):
-            if kind == "prose" and not whole_prose:
-                t.add_column(name, overflow="fold")
+        for i, (name, kind) in enumerate(zip(self.columns, kinds, strict=True)):
+            width = widths[i] if widths else None
+            if kind == "prose" and widths:
+                t.add_column(name, overflow="fold", width=width)
             else:
-                t.add_column(name, no_wrap=True, overflow="fold", justify="right" if kind == "number" else "left")
+                t.add_column(name, no_wrap=True, overflow="fold", width=width,
+                             justify="right" if kind == "number" else "left")
         for cells, style in self.rows:
             t.add_row(*cells, style=style)
         return t
@@ -144,11 +168,11 @@ class FitTable:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         kinds = self._kinds()
         if _wide:
-            yield self._table(kinds, whole_prose=True)
+            yield self._table(kinds, None)
             return
-        widths = self._min_widths(kinds)
-        if sum(widths) + 3 * len(widths) + 1 <= options.max_width:
-            yield self._table(kinds, whole_prose=False)
+        room = options.max_width - (3 * len(self.columns) + 1)  # borders and padding
+        if sum(self._min_widths(kinds)) <= room:
+            yield self._table(kinds, self._widths(kinds, room))
         else:
             yield self._key_values()
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import typer
 from rich.markup import escape
+from rich import filesize
 from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 from rich.text import Text
@@ -75,6 +76,9 @@ class _StageColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
         if task.description == "manifest":
             return Text(f"{int(task.completed)} files" if task.completed else "listing files", style="progress.download")
+        if task.total is None:  # nothing (more) to fetch: what came, never a total of '?'
+            return Text(f"{filesize.decimal(int(task.completed))} fetched" if task.completed else "no blobs to fetch",
+                        style="progress.download")
         return self._bytes.render(task)
 
 

@@ -8,17 +8,23 @@ sshd), whose reference engine waits 14 s before it loads, as a large checkpoint 
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import random
 import re
 import select
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from hostcopy import base_host_doc
+from rich.console import Console
+from rich.text import Text
+
+from ddtree_deploy.console import table
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "kernel-pins-other-torch.json"
 NAME = "tablebox"
@@ -61,10 +67,29 @@ def test_help_keeps_default_paths_whole_at_80_columns(cli) -> None:
     assert "~/.local/state/ddtree-deploy/sandbox" in joined, proc.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_no_table_splits_a_word_at_any_width() -> None:
+    """The layout rule itself, over random tables and widths: every line fits, and every word (an id, a number, a
+    version, a release id; prose words up to 40 characters) stands whole on one line, in table and key-value form."""
+    words = ["torch==2.9.1", "install", "the", "sgl-kernel", "r-20260101T010203-abcdef12", "CUDA", "1569.41",
+             "/opt/ddtree/releases", "2.11.0+cu130", "[green]pass[/green]", "4f3a2b1c0d9e"]
+    rng = random.Random(7)
+    layouts = set()
+    for _ in range(400):
+        columns = [rng.choice(["id", "host", "message", "fix", "why it breaks", "seconds", "rolled back to"]) + str(i)
+                   for i in range(rng.randint(1, 8))]
+        rows = [[" ".join(rng.choices(words, k=rng.randint(1, 6))) if rng.random() < 0.5 else rng.choice(words)
+                 for _ in columns] for _ in range(rng.randint(1, 3))]
+        width = rng.randint(30, 160)
+        console = Console(width=width, file=io.StringIO(), record=True)
+        console.print(table("t", columns, rows))
+        lines = console.export_text().splitlines()
+        layout = "table" if any("┃" in line for line in lines) else "key-value"
+        layouts.add(layout)
+        room = width if layout == "table" else width - max(len(c) for c in columns) - 2
+        assert all(len(line) <= width for line in lines)
+        for word in {w for row in rows for cell in row for w in Text.from_markup(cell).plain.split()}:
+            assert len(word) > room or any(word in line for line in lines), (word, width, columns, lines)
+    assert layouts == {"table", "key-value"}
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +97,7 @@ def box(sandbox, wheel_env, tmp_path_factory):
     root = tmp_path_factory.mktemp("tables")
     inv = root / "hosts"
     inv.mkdir()
-    doc = yaml.safe_load(Path(sandbox.base.source).read_text())
-    doc.update(name=NAME, release_root="/srv/ddtree-host/table-releases")
-    doc["server"]["port"] = _free_port()
+    doc = base_host_doc(sandbox, NAME, "/srv/ddtree-host/table-releases")
     doc["server"]["command"] = doc["server"]["command"].replace("{ddtree_flags}", "--load-delay 14 {ddtree_flags}")
     (inv / f"{NAME}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     # a second host whose file is bad: `apply --all` then prints the fleet recap, with its long message
@@ -157,3 +180,5 @@ def test_snapshot_in_a_terminal_shows_the_manifest_as_a_count_of_files(box, whee
     # the manifest stage (the host listing and hashing every file) is a spinner and a count, never `0/? bytes`
     assert re.search(r"listing files|\d+ files", text), text[-3000:]
     assert "/? bytes" not in text, text[-3000:]
+    latest = json.loads(box("snapshot", "list", NAME, "--json").stdout)[-1]["id"]
+    assert latest in text, text[-3000:]  # the table that follows keeps the id whole in the terminal's width too

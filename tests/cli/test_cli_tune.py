@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from hostcopy import base_host_doc
 
 from ddtree_deploy.inventory import load_host_file
 from ddtree_deploy.server import base_url
@@ -32,20 +32,12 @@ FLAGS = "--speculative-algorithm DFLASH --speculative-ddtree-budget 16"
 WORK = ["--max-new-tokens", "12"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def box(sandbox, wheel_env, tmp_path_factory):
     root = tmp_path_factory.mktemp("tune")
     inv = root / "hosts"
     inv.mkdir()
-    doc = yaml.safe_load(Path(sandbox.base.source).read_text())
-    doc.update(name=NAME, release_root="/srv/ddtree-host/tune-releases")
-    doc["server"]["port"] = _free_port()
+    doc = base_host_doc(sandbox, NAME, "/srv/ddtree-host/tune-releases")
     doc["server"].pop("ddtree_flags")
     # the reference engine's emulated GPU round cost (refengine README): a fixed part per step, a part per token
     doc["server"]["command"] = doc["server"]["command"].replace(

@@ -1,0 +1,23 @@
+"""A copy of the sandbox's base host under a name, release root and server port of its own (same sshd, same SGLang),
+so a CLI test can deploy and restart on it without touching what the other tests use."""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_host_doc(sandbox: Any, name: str, release_root: str) -> dict[str, Any]:
+    """The base host's file as a dict, renamed, with its own release root and a free server port."""
+    doc = yaml.safe_load(Path(sandbox.base.source).read_text())
+    doc.update(name=name, release_root=release_root)
+    doc["server"]["port"] = free_port()
+    return doc
