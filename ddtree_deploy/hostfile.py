@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import io
 import os
+import re
 import shlex
 import tempfile
 from pathlib import Path
@@ -48,16 +49,59 @@ def _like(old: Any, value: str) -> Any:
 
 
 def _edit(text: str, want: str) -> str | None:
-    """The host file's text with ``server.ddtree_flags`` set to ``want``, or None when it has no server mapping."""
+    """The host file's text with ``server.ddtree_flags`` set to ``want``, or None when it has no server mapping.
+
+    ruamel.yaml writes the edited document; a file it would not write back byte for byte (a long quoted value
+    folded over lines, other indentation) gets only the lines of that entry replaced: the change between ruamel's
+    rendering before and after the edit, spliced into the file where those lines stand."""
     rt = _round_trip()
     doc = rt.load(text)
     server = doc.get("server") if isinstance(doc, CommentedMap) else None
     if not isinstance(server, CommentedMap):
         return None
+    before = _dump(rt, doc)
     server["ddtree_flags"] = _like(server.get("ddtree_flags"), want)
+    after = _dump(rt, doc)
+    return after if before == text else _splice(text, before, after)
+
+
+def _dump(rt: YAML, doc: Any) -> str:
     buf = io.StringIO()
     rt.dump(doc, buf)
     return buf.getvalue()
+
+
+def _splice(text: str, before: str, after: str) -> str:
+    """``text`` with the lines that differ between ``before`` and ``after`` replaced, found where they stand in
+    ``text`` (the changed lines themselves, else with a line of context on each side, for an added entry); where
+    they are not found exactly once, ``after`` whole. A trailing comment keeps the spacing it had."""
+    old, new, lines = before.splitlines(True), after.splitlines(True), text.splitlines(True)
+    changes = [op for op in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes() if op[0] != "equal"]
+    if not changes:
+        return text
+    i1, i2, j1, j2 = changes[0][1], changes[-1][2], changes[0][3], changes[-1][4]
+    for lo, hi in ((i1, i2), (max(0, i1 - 1), min(len(old), i2 + 1))):
+        needle = old[lo:hi]
+        spots = [k for k in range(len(lines) - len(needle) + 1) if needle and lines[k:k + len(needle)] == needle]
+        if len(spots) == 1:
+            k = spots[0]
+            block = _keep_comment_gap(old[i1:i2], new[j1:j2])
+            return "".join(lines[:k] + old[lo:i1] + block + old[i2:hi] + lines[k + len(needle):])
+    return after
+
+
+_COMMENT = re.compile(r"(?P<gap>[ \t]+)(?P<comment>#[^'\"\n]*)$")
+
+
+def _keep_comment_gap(old: list[str], new: list[str]) -> list[str]:
+    """ruamel puts a comment one space after a value that grew; keep the gap the file had before it."""
+    if len(old) != 1 or len(new) != 1:
+        return new
+    a, b = _COMMENT.search(old[0].rstrip("\n")), _COMMENT.search(new[0].rstrip("\n"))
+    if not a or not b or a["comment"] != b["comment"]:
+        return new
+    line = new[0].rstrip("\n")
+    return [line[:b.start()] + a["gap"] + b["comment"] + new[0][len(line):]]
 
 
 def _without_flags(doc: object) -> object:

@@ -148,3 +148,22 @@ def test_summary_and_fit_with_the_runtime_cost_model():
     assert res["model_tokens_per_round"][8] > 1.5
     with pytest.raises(OperationFailed, match="no per-depth acceptance"):
         tune_mod.accept_profile(None, 2)
+
+
+def test_budget_edit_keeps_a_value_folded_over_lines_as_it_was(tmp_path):
+    # yaml.safe_dump folds a long quoted command over two lines; a YAML writer would put it back on one: only the
+    # ddtree_flags line may change (and its comment keeps its two spaces)
+    path = tmp_path / "gpu1.yaml"
+    text = ("# tune test host\nname: gpu1\nconnection: local\npython: /usr/bin/python3\n"
+            "site_packages: /opt/venv/lib/python3.11/site-packages\nrelease_root: /opt/ddtree\nserver:\n"
+            "  kind: managed\n  command: '{python} -m ddtree_refengine --host {host} --port {port} --step-cost-ms\n"
+            "    4 --verify-token-cost-us 60 {ddtree_flags}'\n"
+            "  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 16  # the budget tune rewrites\n"
+            "  port: 30000\n")
+    path.write_text(text)
+    host = load_host_file(path)
+    _, new, diff = plan_budget_edit(host, "1:4,2:16")
+    changed = [(a, b) for a, b in zip(text.splitlines(), new.splitlines(), strict=True) if a != b]
+    assert changed == [("  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 16  # the budget tune rewrites",
+                        "  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 1:4,2:16  # the budget tune rewrites")]
+    assert write_host_file(host, new).server["command"] == host.server["command"]
