@@ -26,7 +26,6 @@ def emit_json(data: Any) -> None:
 
 
 #: ``-o wide`` / ``--wide``: tables at their natural width, never wrapped or re-laid out (a pipe into ``less -S``).
-WIDE_FLAGS = ("--wide", "-o wide", "--output wide")
 _wide = False
 
 #: A prose word longer than this may be folded rather than force the key-value layout (a long path in a message).
@@ -43,15 +42,15 @@ def set_wide(on: bool = True) -> None:
 
 
 def take_wide_flag(args: list[str]) -> list[str]:
-    """Remove ``--wide`` / ``-o wide`` / ``--output wide`` / ``--output=wide`` / ``-owide`` wherever it stands
-    (before ``--``), turning wide tables on; the rest of the arguments, in order. Like ``-v``, it is global."""
+    """Remove ``--wide`` / ``-o wide`` / ``-owide`` wherever it stands (before ``--``), turning wide tables on (off
+    without it); the rest of the arguments, in order. Like ``-v``, it is global."""
     end = args.index("--") if "--" in args else len(args)
     head, found, i = [], False, 0
     while i < end:
         a = args[i]
-        if a in ("--wide", "--output=wide", "-owide"):
+        if a in ("--wide", "-owide"):
             found = True
-        elif a in ("-o", "--output") and i + 1 < end and args[i + 1] == "wide":
+        elif a == "-o" and i + 1 < end and args[i + 1] == "wide":
             found, i = True, i + 1
         else:
             head.append(a)
