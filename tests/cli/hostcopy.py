@@ -21,3 +21,11 @@ def base_host_doc(sandbox: Any, name: str, release_root: str) -> dict[str, Any]:
     doc.update(name=name, release_root=release_root)
     doc["server"]["port"] = free_port()
     return doc
+
+
+def new_inventory(tmp_path_factory: Any, label: str) -> tuple[Path, Path]:
+    """A fresh directory for one test module (``root``) and an empty inventory in it (``root/hosts``)."""
+    root = tmp_path_factory.mktemp(label)
+    inv = root / "hosts"
+    inv.mkdir()
+    return root, inv

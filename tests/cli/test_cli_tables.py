@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hostcopy import base_host_doc
+from hostcopy import base_host_doc, new_inventory
 from rich.console import Console
 from rich.text import Text
 
@@ -94,9 +94,7 @@ def test_no_table_splits_a_word_at_any_width() -> None:
 
 @pytest.fixture(scope="module")
 def box(sandbox, wheel_env, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tables")
-    inv = root / "hosts"
-    inv.mkdir()
+    root, inv = new_inventory(tmp_path_factory, "tables")
     doc = base_host_doc(sandbox, NAME, "/srv/ddtree-host/table-releases")
     doc["server"]["command"] = doc["server"]["command"].replace("{ddtree_flags}", "--load-delay 14 {ddtree_flags}")
     (inv / f"{NAME}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

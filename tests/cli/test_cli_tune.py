@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hostcopy import base_host_doc
+from hostcopy import base_host_doc, new_inventory
 
 from ddtree_deploy.inventory import load_host_file
 from ddtree_deploy.server import base_url
@@ -34,9 +34,7 @@ WORK = ["--max-new-tokens", "12"]
 
 @pytest.fixture(scope="module")
 def box(sandbox, wheel_env, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune")
-    inv = root / "hosts"
-    inv.mkdir()
+    root, inv = new_inventory(tmp_path_factory, "tune")
     doc = base_host_doc(sandbox, NAME, "/srv/ddtree-host/tune-releases")
     doc["server"].pop("ddtree_flags")
     # the reference engine's emulated GPU round cost (refengine README): a fixed part per step, a part per token
