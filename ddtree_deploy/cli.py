@@ -15,7 +15,7 @@ import sys
 import typer
 
 from . import __version__, cli_errors
-from .console import out, setup_logging
+from .console import fold_help_text, out, set_wide, setup_logging, take_wide_flag
 
 PROG = "ddtree-deploy"
 
@@ -48,11 +48,16 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version"),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="debug logging on stderr: connections, commands "
                                 "and their timings, paths chosen (-vv: the SSH library's too); accepted anywhere"),
+    wide: bool = typer.Option(False, "--wide", help="tables at their full width, never re-laid out for the "
+                              "terminal (also -o wide); accepted anywhere"),
 ) -> None:
     """Deploy DDTree onto installed SGLang."""
     setup_logging(verbose)
+    if wide:
+        set_wide()
 
 
+fold_help_text()
 for _name in COMMAND_MODULES:
     importlib.import_module(f"ddtree_deploy.commands.{_name}").register(app)
 
@@ -76,7 +81,7 @@ def wants_json(args: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the app; whatever goes wrong leaves through cli_errors with its exit code."""
-    args, verbosity = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    args, verbosity = hoist_global_flags(take_wide_flag(list(sys.argv[1:] if argv is None else argv)))
     as_json = wants_json(args)
     try:
         code = app(args=args, prog_name=PROG, standalone_mode=False)

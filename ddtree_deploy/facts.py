@@ -10,7 +10,9 @@
 - ``gpu``: ``status`` (``ok`` | ``absent`` | ``error``), ``driver``, ``cuda_max`` (the highest CUDA the driver
   supports, from nvidia-smi), ``gpus`` with ``name`` and ``compute_cap``. A host without GPUs is ``absent``.
 - ``packages``: for sglang, sglang-kernel, sgl-kernel, flashinfer(-python/-cubin), triton, transformers, torch:
-  ``version``, ``requires_torch`` (its METADATA pin on torch) and ``pins`` (its pins on the other tracked packages);
+  ``version``, ``requires`` (its METADATA Requires-Dist lines on tracked packages, as the host has them),
+  ``requires_torch`` (its pin on torch) and ``pins`` (its pins on the other tracked packages), the last two parsed
+  here with ``packaging.requirements`` and only those whose environment marker holds on the host (no extras);
   ``None`` when not installed.
 - ``sglang``: the dist-info directory, wheel tags, ``root_is_purelib`` and ``compiled``: every ``.so`` inside the
   package with its ``needed`` libraries, ``links_libtorch`` and the newest ``glibc_max`` symbol version it needs.
@@ -22,7 +24,12 @@ reasons over. ``schema`` versions the record; ``host`` and ``collected_at`` are 
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from typing import Any
+
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from .inventory import Host
 from .transport import HostConnection
@@ -49,7 +56,45 @@ def finish(raw: dict[str, Any], host_name: str) -> dict[str, Any]:
     record = {"schema": FACTS_SCHEMA, "host": host_name,
               "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     record.update(raw)
+    for info in (record.get("packages") or {}).values():
+        if isinstance(info, dict) and isinstance(info.get("requires"), list):
+            info["pins"] = pins(info["requires"], record.get("python") or {}, host_name)
+            info["requires_torch"] = info["pins"].get("torch")
     return record
+
+
+def marker_environment(python: dict[str, Any]) -> dict[str, str]:
+    """PEP 508 marker variables of the host, from its python facts (what is not recorded is this machine's)."""
+    env = dict(default_environment())
+    version = str(python.get("version") or "")
+    if version:
+        env["python_full_version"] = version
+        env["python_version"] = ".".join(version.split(".")[:2])
+    if python.get("machine"):
+        env["platform_machine"] = str(python["machine"])
+    if python.get("implementation"):
+        env["implementation_name"] = str(python["implementation"])
+    platform = str(python.get("platform") or "")
+    if platform.startswith("linux"):
+        env["sys_platform"], env["platform_system"] = "linux", "Linux"
+    return env
+
+
+def pins(requires: list[str], python: dict[str, Any], host_name: str = "") -> dict[str, str]:
+    """Tracked package -> version specifier, from Requires-Dist lines: a requirement under an extra, or whose
+    marker is false on the host (another Python, another machine), pins nothing there."""
+    env = marker_environment(python)
+    out: dict[str, str] = {}
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            logging.getLogger("ddtree_deploy.facts").debug("%s: unreadable Requires-Dist %r: %s", host_name, line, exc)
+            continue
+        if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
+            continue
+        out[canonicalize_name(req.name)] = str(req.specifier)
+    return out
 
 
 # -- accessors used by abi and the CLI (tolerant of missing sections: facts may come from older records) -----------

@@ -17,13 +17,14 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, Optional
 
 import yaml
 
 from . import paths
 from .errors import InputError
-from .schema import Field, absolute_path, become_command, collect, non_negative, port_range, positive, raise_problems
+from .schema import (MAX_SECONDS, StrMap, Strict, absolute_path, become_command, checked, collect, load_yaml, port_range,
+                     positive, raise_problems, seconds, setting)
 
 log = logging.getLogger("ddtree_deploy.inventory")
 
@@ -39,62 +40,80 @@ def host_name(value: str) -> str | None:
     return "expected a plain host name (letters, digits, '.', '_', '-'; starting with a letter or digit; no '/' or '..')"
 
 
-#: How SGLang (or the sandbox's reference engine) runs on the host. Documented in hosts/examples/ct129.yaml.
-SERVER_SCHEMA: dict[str, Field] = {
-    "kind": Field("str", default="none", choices=("none", "managed", "systemd"),
-                  help="how the server runs: a managed process, a systemd unit, or none"),
-    "command": Field("str", default="", help="launch command template; {python}, {port}, {host}, {release_root}, {ddtree_flags}"),
-    "ddtree_flags": Field("str", default="", help="flags that turn DDTree on, substituted for {ddtree_flags}"),
-    "host": Field("str", default="127.0.0.1", help="address the server listens on, as seen from the host"),
-    "port": Field("int", default=30000, check=port_range),
-    "env": Field("str-map", default=dict, help="extra environment for the server"),
-    "unit": Field("str", default="", help="systemd unit name (kind: systemd)"),
-    "unit_dir": Field("str", default="/etc/systemd/system", check=absolute_path,
-                      help="where the unit's drop-in directory lives (kind: systemd)"),
-    "become": Field("str", default="", check=become_command,
-                    help="privilege escalation for the drop-in, systemctl and journalctl: sudo or doas (run with -n), "
-                         "or an absolute command prefix"),
-    "stop_timeout": Field("float", default=20.0, check=positive),
-}
+Port = checked(int, port_range, json={"minimum": 1, "maximum": 65535})
+AbsolutePath = checked(str, absolute_path, json={"pattern": "^/"})
+Seconds = checked(float, seconds(), json={"exclusiveMinimum": 0, "maximum": MAX_SECONDS})
+SecondsOrOff = checked(float, seconds(zero_ok=True), json={"minimum": 0, "maximum": MAX_SECONDS})
+Positive = checked(int, positive, json={"minimum": 1})
 
-#: How the probe judges a freshly started server.
-PROBE_SCHEMA: dict[str, Field] = {
-    "startup_timeout": Field("float", default=600.0, check=positive, help="seconds for /health to answer 200"),
-    "startup_stall_timeout": Field("float", default=300.0, check=non_negative,
-                                   help="fail start-up once the server log is silent and /health failing this long (0: off)"),
-    "overlay_timeout": Field("float", default=60.0, check=positive),
-    "selftest_timeout": Field("float", default=120.0, check=positive),
-    "generation_timeout": Field("float", default=120.0, check=positive),
-    "health_path": Field("str", default="/health"),
-    "prompts": Field("list", default=list, items=Field("str")),
-    "max_new_tokens": Field("int", default=32, check=positive),
-    "min_accept_length": Field("float", default=0.0),
-}
 
-HOST_SCHEMA: dict[str, Field] = {
-    "name": Field("str", check=host_name, help="host name; defaults to the file name"),
-    "connection": Field("str", default="ssh", choices=("ssh", "local"),
-                        help="ssh (default), or local: this machine, commands run as local subprocesses"),
-    "description": Field("str", default=""),
-    "address": Field("str", help="DNS name or IP; or give ssh_alias"),
-    "ssh_alias": Field("str", help="a Host entry of the ssh_config file (honours HostName, Port, User, ProxyJump)"),
-    "ssh_config": Field("str", help="ssh_config file to read instead of ~/.ssh/config"),
-    "user": Field("str", default=None),
-    "port": Field("int", default=None, check=port_range),
-    "identity_file": Field("str", default=None),
-    "known_hosts": Field("str", default="~/.ssh/known_hosts", help="known_hosts file checked strictly"),
-    "trust_on_first_use": Field("bool", default=False, help="accept and record an unknown key once (never a changed one)"),
-    "ssh_agent": Field("bool", default=True, help="offer the keys held in ssh-agent, as OpenSSH does (false: never)"),
-    "connect_timeout": Field("float", default=10.0, check=positive),
-    "command_timeout": Field("float", default=600.0, check=positive),
-    "python": Field("str", required=True, check=absolute_path, help="the interpreter SGLang runs under"),
-    "site_packages": Field("str", required=True, check=absolute_path, help="site-packages holding the installed sglang"),
-    "release_root": Field("str", required=True, check=absolute_path, help="where overlay releases live"),
-    "keep_releases": Field("int", default=5, check=positive),
-    "sandbox": Field("bool", default=False, help="written by `ddtree-deploy sandbox up`"),
-    "server": Field("mapping", fields=SERVER_SCHEMA),
-    "probe": Field("mapping", fields=PROBE_SCHEMA),
-}
+class ServerSection(Strict):
+    """How SGLang (or the sandbox's reference engine) runs on the host. Documented in hosts/examples/ct129.yaml."""
+
+    kind: Literal["none", "managed", "systemd"] = setting(
+        "none", help="how the server runs: a managed process, a systemd unit, or none")
+    command: str = setting("", help="launch command template; {python}, {port}, {host}, {release_root}, {ddtree_flags}")
+    ddtree_flags: str = setting("", help="flags that turn DDTree on, substituted for {ddtree_flags}")
+    host: str = setting("127.0.0.1", help="address the server listens on, as seen from the host")
+    port: Port = setting(30000)
+    env: StrMap = setting(factory=dict, help="extra environment for the server")
+    unit: str = setting("", help="systemd unit name (kind: systemd)")
+    unit_dir: AbsolutePath = setting("/etc/systemd/system", help="where the unit's drop-in directory lives (kind: systemd)")
+    become: checked(str, become_command) = setting(
+        "", help="privilege escalation for the drop-in, systemctl and journalctl: sudo or doas (run with -n), or an "
+                 "absolute command prefix")
+    stop_timeout: Seconds = setting(20.0)
+
+
+class ProbeSection(Strict):
+    """How the probe judges a freshly started server."""
+
+    startup_timeout: Seconds = setting(600.0, help="seconds for /health to answer 200")
+    startup_stall_timeout: SecondsOrOff = setting(
+        300.0, help="fail start-up once the server log is silent and /health failing this long (0: off)")
+    overlay_timeout: Seconds = setting(60.0)
+    selftest_timeout: Seconds = setting(120.0)
+    generation_timeout: Seconds = setting(120.0)
+    health_path: str = setting("/health")
+    prompts: list[str] = setting(factory=list)
+    max_new_tokens: Positive = setting(32)
+    min_accept_length: float = setting(0.0)
+
+
+class HostFile(Strict):
+    """A host file (``hosts/<name>.yaml``): how to reach the host and where SGLang lives on it."""
+
+    name: Optional[checked(str, host_name, json={"pattern": HOST_NAME.pattern})] = setting(None, help="host name; defaults to the file name")
+    connection: Literal["ssh", "local"] = setting(
+        "ssh", help="ssh (default), or local: this machine, commands run as local subprocesses")
+    description: str = setting("")
+    address: Optional[str] = setting(None, help="DNS name or IP; or give ssh_alias")
+    ssh_alias: Optional[str] = setting(
+        None, help="a Host entry of the ssh_config file (honours HostName, Port, User, ProxyJump)")
+    ssh_config: Optional[str] = setting(None, help="ssh_config file to read instead of ~/.ssh/config")
+    user: Optional[str] = setting(None)
+    port: Optional[Port] = setting(None)
+    identity_file: Optional[str] = setting(None)
+    known_hosts: str = setting("~/.ssh/known_hosts", help="known_hosts file checked strictly")
+    trust_on_first_use: bool = setting(False, help="accept and record an unknown key once (never a changed one)")
+    ssh_agent: bool = setting(True, help="offer the keys held in ssh-agent, as OpenSSH does (false: never)")
+    connect_timeout: Seconds = setting(10.0)
+    command_timeout: Seconds = setting(600.0)
+    python: AbsolutePath = setting(help="the interpreter SGLang runs under")
+    site_packages: AbsolutePath = setting(help="site-packages holding the installed sglang")
+    release_root: AbsolutePath = setting(help="where overlay releases live")
+    keep_releases: Positive = setting(5)
+    sandbox: bool = setting(False, help="written by `ddtree-deploy sandbox up`")
+    server: ServerSection = setting(factory=ServerSection)
+    probe: ProbeSection = setting(factory=ProbeSection)
+
+
+def host_file_schema() -> dict[str, Any]:
+    """The JSON Schema of a host file, for editor completion (``ddtree-deploy hosts schema``; hosts/host.schema.json)."""
+    schema = HostFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "ddtree-deploy host file"
+    return schema
 
 
 @dataclass(frozen=True)
@@ -168,12 +187,12 @@ def load_host_file(path: Path) -> Host:
     source = str(path)
     text = _read_text(path, source)
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as exc:
         raise InputError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from exc
     if doc is None:
         raise InputError(f"{source}: empty host file (expected a mapping with python, site_packages, release_root)")
-    data, problems = collect(doc, HOST_SCHEMA)
+    data, problems = collect(HostFile, doc)
     if isinstance(doc, dict):
         problems += _cross_field_problems(doc, data, path)
     raise_problems(source, problems)

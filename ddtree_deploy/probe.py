@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import posixpath
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -364,12 +365,19 @@ class Prober:
                 stages.append(Stage(name, "not-run", 0.0, "an earlier stage failed"))
                 continue
             self.progress(f"{self.host.name}: probe stage {name}")
-            stage = self.generation() if name == "generation" else getattr(self, name)(release)
+            with self._waiting(f"{self.host.name}: probe stage {name}"):
+                stage = self.generation() if name == "generation" else getattr(self, name)(release)
             stage.seconds = round(stage.seconds, 3)
             stages.append(stage)
             if stage.status == "fail" and not stage.log_tail and name in ("startup", "generation"):
                 stage.log_tail = self.log_tail()
         return stages
+
+    def _waiting(self, label: str) -> AbstractContextManager[Any]:
+        """The stage as a visible wait when the progress callback offers one (commands/_writes.py: elapsed time and
+        the server log's last line, read over a second channel of this connection), else nothing."""
+        waiting = getattr(self.progress, "waiting", None)
+        return waiting(label, detail=lambda: self.log_tail(1)) if waiting else nullcontext()
 
     def log_tail(self, lines: int = 40) -> str:
         """The server log's last lines, for a failed stage (empty when they cannot be read)."""

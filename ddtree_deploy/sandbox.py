@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import tenacity
 import yaml
 
 from . import paths
@@ -168,15 +169,18 @@ class Sandbox:
         proc = subprocess.Popen(self._in_namespace(host, f"exec {SSHD} -D -e -f {config}"), stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         host.pid = proc.pid
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+
+        @tenacity.retry(stop=tenacity.stop_after_delay(15), wait=tenacity.wait_fixed(0.05), reraise=True,
+                        retry=tenacity.retry_if_result(lambda up: not up))
+        def answers() -> bool:
             if proc.poll() is not None:
                 raise OperationFailed(f"sandbox host {host.name}: sshd exited with {proc.returncode}; see {hdir / 'sshd.log'}")
-            if _port_speaks_ssh(host.ssh_port):
-                break
-            time.sleep(0.05)
-        else:
-            raise OperationFailed(f"sandbox host {host.name}: sshd did not answer on port {host.ssh_port} within 15 s")
+            return _port_speaks_ssh(host.ssh_port)
+
+        try:
+            answers()
+        except tenacity.RetryError:
+            raise OperationFailed(f"sandbox host {host.name}: sshd did not answer on port {host.ssh_port} within 15 s") from None
         pub = (hdir / "ssh_host_ed25519_key.pub").read_text().split()
         known = self.client_dir / "known_hosts"
         entry = f"[127.0.0.1]:{host.ssh_port}"

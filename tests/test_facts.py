@@ -106,3 +106,19 @@ def test_hanging_torch_import_is_killed(sandbox, bare_python) -> None:
         # the probe's process group was killed: nothing is left sleeping in the torch import
         left = conn.run("ps -eo args | grep -c '[v]env-facts-test/bin/python -c' || true").text().strip()
         assert left == "0"
+
+
+def test_requires_dist_is_read_with_packaging_and_the_host_markers() -> None:
+    from ddtree_deploy.facts import finish
+
+    requires = ["torch==2.9.1; platform_machine == 'aarch64'", "torch (==2.11.0) ; platform_machine == \"x86_64\"",
+                "triton>=3.4; extra == 'kernels'", "transformers<6,>=5.2; python_version >= '3.10'",
+                "flashinfer-python==0.6.8; python_version < '3.9'", "not a requirement ;;"]
+    raw = {"python": {"version": "3.11.7", "machine": "x86_64", "implementation": "cpython", "platform": "linux-x86_64"},
+           "packages": {"sglang": {"version": "0.5.11", "requires": requires}, "torch": None}}
+    info = finish(raw, "h")["packages"]["sglang"]
+    # the marker decides (the old regex kept both torch pins, the last one winning); an extra pins nothing
+    assert info["requires_torch"] == "==2.11.0"
+    assert info["pins"] == {"torch": "==2.11.0", "transformers": "<6,>=5.2"}
+    arm = finish({**raw, "python": {**raw["python"], "machine": "aarch64"}}, "h")["packages"]["sglang"]
+    assert arm["requires_torch"] == "==2.9.1"

@@ -71,13 +71,24 @@ def test_budget_edit_changes_only_the_budget(tmp_path, flags_line):
     assert not list(tmp_path.glob("ddtree-tune-*"))  # no temporary file left
 
 
-def test_budget_edit_refuses_an_ambiguous_file(tmp_path):
+def test_budget_edit_is_not_fooled_by_the_flag_in_a_comment(tmp_path):
+    # a regex edit could not tell the comment from the field and refused; the YAML round trip edits the field only
     path = _host(tmp_path, "  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 64",
                  comment="was --speculative-ddtree-budget 16")
+    host = load_host_file(path)
+    _, new, _ = plan_budget_edit(host, "1:64,8:0")
+    written = write_host_file(host, new)
+    assert written.server["ddtree_flags"] == "--speculative-algorithm DFLASH --speculative-ddtree-budget 1:64,8:0"
+    assert path.read_text().startswith("# gpu box (was --speculative-ddtree-budget 16)\n")
+
+
+def test_budget_edit_keeps_the_file_when_the_result_is_not_a_valid_host_file(tmp_path):
+    path = _host(tmp_path, "  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 64")
+    host = load_host_file(path)
     before = path.read_text()
-    with pytest.raises(InputError, match="gpu1.yaml: field 'server.ddtree_flags'") as info:
-        plan_budget_edit(load_host_file(path), "1:64,8:0")
-    assert "by hand" in str(info.value) and path.read_text() == before
+    with pytest.raises(InputError, match="gpu1.yaml"):
+        write_host_file(host, before.replace("port: 30000", "port: 0"))  # re-validated before it replaces the file
+    assert path.read_text() == before and not list(tmp_path.glob("ddtree-tune-*"))
 
 
 def test_prompts_file_and_sizes(tmp_path):
@@ -166,3 +177,22 @@ def test_a_fitted_schedule_that_wins_only_within_the_spread_keeps_the_current_on
     assert tune_mod.within_noise("16", "16", clear, [1]) == []  # the same schedule: nothing differs
     assert tune_mod.within_noise("64", "32", clear, [1]) is None  # the current budget was not measured
     assert tune_mod.within_noise(None, "32", clear, [1]) is None
+
+
+def test_budget_edit_keeps_a_value_folded_over_lines_as_it_was(tmp_path):
+    # yaml.safe_dump folds a long quoted command over two lines; a YAML writer would put it back on one: only the
+    # ddtree_flags line may change (and its comment keeps its two spaces)
+    path = tmp_path / "gpu1.yaml"
+    text = ("# tune test host\nname: gpu1\nconnection: local\npython: /usr/bin/python3\n"
+            "site_packages: /opt/venv/lib/python3.11/site-packages\nrelease_root: /opt/ddtree\nserver:\n"
+            "  kind: managed\n  command: '{python} -m ddtree_refengine --host {host} --port {port} --step-cost-ms\n"
+            "    4 --verify-token-cost-us 60 {ddtree_flags}'\n"
+            "  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 16  # the budget tune rewrites\n"
+            "  port: 30000\n")
+    path.write_text(text)
+    host = load_host_file(path)
+    _, new, diff = plan_budget_edit(host, "1:4,2:16")
+    changed = [(a, b) for a, b in zip(text.splitlines(), new.splitlines(), strict=True) if a != b]
+    assert changed == [("  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 16  # the budget tune rewrites",
+                        "  ddtree_flags: --speculative-algorithm DFLASH --speculative-ddtree-budget 1:4,2:16  # the budget tune rewrites")]
+    assert write_host_file(host, new).server["command"] == host.server["command"]

@@ -51,7 +51,7 @@ def test_good_host_gets_defaults_and_name_from_file(tmp_path: Path) -> None:
         ({"server": {"port": "x"}}, "server.port", "expected an integer"),
         ({"probe": {"prompts": "hello"}}, "probe.prompts", "expected a list"),
         ({"probe": {"prompts": [1]}}, "probe.prompts[0]", "expected a string"),
-        ({"probe": {"startup_timeout": -1}}, "probe.startup_timeout", "positive"),
+        ({"probe": {"startup_timeout": -1}}, "probe.startup_timeout", "expected a finite number of seconds, 0 < x"),
     ],
 )
 def test_bad_field_is_named_with_file(tmp_path: Path, change: dict, field: str, expected: str) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from rich.markup import escape
-from rich.table import Table
 
+from ..console import FitTable, table
 from ..facts import compute_caps, flashinfer_package, get, kernel_package
 from .findings import ERROR, INFO, WARNING, Finding, sort_findings
 
@@ -49,24 +49,19 @@ def matrix_rows(facts_by_host: dict[str, dict[str, Any]]) -> list[dict[str, Any]
     return rows
 
 
-def matrix(facts_by_host: dict[str, dict[str, Any]]) -> Table:
-    """Rich table: facts down, hosts across; rows where hosts differ are highlighted."""
-    t = Table(title="binary compatibility", title_justify="left", header_style="bold")
-    t.add_column("fact")
-    for host in facts_by_host:
-        t.add_column(host)
+def matrix(facts_by_host: dict[str, dict[str, Any]]) -> FitTable:
+    """Facts down, hosts across; rows where hosts differ are highlighted (console.table's layout rule)."""
+    t = table("binary compatibility", ["fact", *facts_by_host], [])
     for row in matrix_rows(facts_by_host):
         style = "yellow" if row["differs"] else None
         t.add_row(row["fact"], *[escape("-" if v is None else str(v)) for v in row["values"].values()], style=style)
     return t
 
 
-def render(findings: Iterable[Finding]) -> Table:
-    """Rich table of findings, errors first."""
+def render(findings: Iterable[Finding]) -> FitTable:
+    """The findings, errors first (console.table's layout rule: a fix's version is never cut)."""
     colors = {ERROR: "bold red", WARNING: "yellow", INFO: "dim"}
-    t = Table(title="ABI findings", title_justify="left", header_style="bold", show_lines=True)
-    for column in ("severity", "host", "rule", "what", "why it breaks", "fix"):
-        t.add_column(column)
+    t = table("ABI findings", ("severity", "host", "rule", "what", "why it breaks", "fix"), [], show_lines=True)
     for f in sort_findings(findings):
         t.add_row(f"[{colors.get(f.severity, '')}]{f.severity}[/]", escape(f.host), f.rule, escape(f.what),
                   escape(f.why), escape(f.fix))

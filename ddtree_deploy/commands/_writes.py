@@ -1,17 +1,29 @@
-"""What the commands that change a host share: progress lines on stderr, and SIGTERM/SIGHUP taken as Ctrl-C."""
+"""What the commands that change a host share: progress lines (and visible waits) on stderr, and SIGTERM/SIGHUP
+taken as Ctrl-C."""
 
 from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from ..console import err
+from ..console import Waiting, err
 from ..errors import Interrupted
 
 
-def progress(message: str) -> None:
-    err.print(f"[dim]{message}[/dim]" if "[" not in message else message)
+class _Progress:
+    """The progress callback the write commands hand down: ``progress(message)`` prints one line; a stage that can
+    last (a server start-up) runs under ``progress.waiting(label, detail=...)`` (console.Waiting: a spinner with
+    the elapsed time and the last server log line, or plain lines every 10 s where stderr is not a terminal)."""
+
+    def __call__(self, message: str) -> None:
+        err.print(f"[dim]{message}[/dim]" if "[" not in message else message)
+
+    def waiting(self, label: str, detail: Callable[[], str | None] | None = None) -> Waiting:
+        return Waiting(label, detail=detail)
+
+
+progress = _Progress()
 
 
 @contextmanager

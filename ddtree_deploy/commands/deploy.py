@@ -107,9 +107,9 @@ def print_recap(reports: list[ApplyReport], skipped: list[str], unusable: dict[s
         if r.went_back:
             back = r.rolled_back_to or "installed package"
         rows.append([r.host, r.status, r.release or "", back, stage,
-                     f"{sum(r.timings.values()):.1f}", r.message[:90]])
+                     f"{sum(r.timings.values()):.1f}", r.message])
     rows += [[name, "skipped", "", "", "", "", "not started"] for name in skipped]
-    rows += [[name, "unusable", "", "", "", "", f"bad host file: {why}"[:90]] for name, why in (unusable or {}).items()]
+    rows += [[name, "unusable", "", "", "", "", f"bad host file: {why}"] for name, why in (unusable or {}).items()]
     out.print(table("recap", ["host", "status", "release", "rolled back to", "failed stage", "seconds", "message"], rows))
 
 

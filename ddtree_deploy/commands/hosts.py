@@ -1,7 +1,8 @@
-"""``ddtree-deploy hosts list|check``: the inventory, and whether its hosts answer."""
+"""``ddtree-deploy hosts list|check|schema``: the inventory, whether its hosts answer, and the host-file JSON Schema."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -10,7 +11,7 @@ import typer
 from .. import hostpaths
 from ..console import emit_json, out, table
 from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError
-from ..inventory import Host, default_inventory_dir, scan_inventory
+from ..inventory import Host, default_inventory_dir, host_file_schema, scan_inventory
 from ..transport import HostConnection
 from ._options import InventoryOpt, JsonOpt, complete_host
 
@@ -103,3 +104,22 @@ def check_cmd(
              r.get("error") or ("" if r.get("sglang_dir_exists") else "no sglang in site_packages")] for r in rows]))
     if worst:
         raise typer.Exit(worst)
+
+
+def schema_text() -> str:
+    """The host-file JSON Schema as committed in hosts/host.schema.json (sorted keys, two-space indent)."""
+    return json.dumps(host_file_schema(), indent=2, sort_keys=True) + "\n"
+
+
+@app.command("schema")
+def schema_cmd(output: Optional[Path] = typer.Option(None, "--output", metavar="FILE", help="write it to FILE "
+                                                         "instead of stdout")) -> None:
+    """The JSON Schema of a host file, for completion and checking in editors: put
+    `# yaml-language-server: $schema=<path>/host.schema.json` at the top of a host file (the repo has it as
+    hosts/host.schema.json). The CLI's own checks are stricter than the schema (cross-field rules)."""
+    text = schema_text()
+    if output is None:
+        out.file.write(text)
+        return
+    output.write_text(text)
+    out.print(f"wrote {output}", highlight=False)

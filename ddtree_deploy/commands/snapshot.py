@@ -7,14 +7,18 @@ the store. Exit codes: 0 ok, 1 verify found damage, 2 bad input (unknown host or
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich import filesize
+from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
+from rich.text import Text
 
-from ..console import emit_json, err, out, table
+from ..console import Waiting, emit_json, err, out, table
 from ..errors import EXIT_USAGE, DeployError, InputError, OperationFailed
 from ..facts import get
 from ..inventory import resolve_host
@@ -53,6 +57,38 @@ def _summary(s: Snapshot) -> dict[str, Any]:
             "transferred_bytes": stats.get("bytes_transferred"), "seconds": round(stats.get("seconds", 0.0), 3)}
 
 
+def _stage_text(stage: str, done: int, total: int) -> str:
+    """A stage as a person reads it: the manifest as a count of files (hashed on the host), a transfer in MB."""
+    if stage == "manifest":
+        return f"manifest: {done} files listed" if done else "manifest: the host is listing and hashing the files"
+    if total:
+        return f"{stage}: {done / 1e6:.1f}/{total / 1e6:.1f} MB"
+    return stage
+
+
+class _StageColumn(ProgressColumn):
+    """Bytes for the transfer, a count of files for the manifest (never ``0/? bytes``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bytes = DownloadColumn()
+
+    def render(self, task: Task) -> Text:
+        if task.description == "manifest":
+            return Text(f"{int(task.completed)} files" if task.completed else "listing files", style="progress.download")
+        if task.total is None:  # nothing (more) to fetch: what came, never a total of '?'
+            return Text(f"{filesize.decimal(int(task.completed))} fetched" if task.completed else "no blobs to fetch",
+                        style="progress.download")
+        return self._bytes.render(task)
+
+
+def _plain_lines(label: str, stage: dict[str, str], as_json: bool) -> Any:
+    """Where stderr is not a terminal (no progress bar), a plain line every 10 s with the stage; nothing for --json."""
+    if as_json or err.is_terminal:
+        return nullcontext()
+    return Waiting(label, detail=lambda: stage["text"], detail_name="stage")
+
+
 @snapshot_app.command("take")
 def take(
     names: list[str] = typer.Argument(None, help="hosts to snapshot", autocompletion=complete_host),
@@ -70,13 +106,17 @@ def take(
     rows: list[dict[str, Any]] = []
     worst = 0
     for host in hosts:
-        with Progress(TextColumn(f"[bold]{host.name}[/bold] {{task.description}}"), BarColumn(), DownloadColumn(),
-                      TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
-                      disable=as_json or not err.is_terminal) as bar:
+        stage = {"text": "manifest"}
+        with Progress(SpinnerColumn(), TextColumn(f"[bold]{host.name}[/bold] {{task.description}}"), BarColumn(),
+                      _StageColumn(), TransferSpeedColumn(), TimeRemainingColumn(), TimeElapsedColumn(), console=err,
+                      transient=True, disable=as_json or not err.is_terminal) as bar, \
+                _plain_lines(f"{host.name}: snapshot", stage, as_json):
             task = bar.add_task("manifest", total=None)
 
-            def progress(stage: str, done: int, total: int, bar: Progress = bar, task: Any = task) -> None:
-                bar.update(task, description=stage, completed=done, total=total or None)
+            def progress(name: str, done: int, total: int, bar: Progress = bar, task: Any = task,
+                         stage: dict[str, str] = stage) -> None:
+                bar.update(task, description=name, completed=done, total=total or None)
+                stage["text"] = _stage_text(name, done, total)
 
             try:
                 snap = st.take(host, progress=progress, refresh=refresh)

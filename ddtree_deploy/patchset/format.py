@@ -19,7 +19,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -27,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import paths
 from ..errors import InputError, PatchDoesNotApply
-from ..schema import Field, validate
+from ..schema import StrMap, Strict, checked, load_yaml, setting, validate
 from .diff import PatchFile, check_path_in_package, parse_patch
 
 #: Largest file a patch set may ship (a patch, a vendored runtime file, the YAML): protects the tool and the hosts
@@ -154,27 +154,38 @@ def _check_series_entry(value: str) -> str | None:
     return None if _SERIES_ENTRY.match(value) else "expected a file name ending in .patch or .diff"
 
 
-SCHEMA: dict[str, Field] = {
-    "name": Field("str", required=True, check=_check_name, help="patch-set name, e.g. ddtree"),
-    "version": Field("str", required=True, check=_check_version, help="version of the patch set itself"),
-    "description": Field("str", default=""),
-    "base": Field("mapping", required=True, help="the package release the series was made against", fields={
-        "package": Field("str", required=True, check=_check_name),
-        "version": Field("str", required=True, check=_check_version, help="quote it: '0.5.11'"),
-        "files": Field("mapping", default=dict, help="sha256 of every base file the series touches"),
-    }),
-    "requires": Field("str-map", default=dict, check=_check_requires),
-    "series": Field("list", required=True, items=Field("str", check=_check_series_entry)),
-    "runtime": Field("mapping", default=dict, fields={
-        "source": Field("str", help="directory of vendored files, relative to patchset.yaml"),
-        "dest": Field("str", help="where they go in the package, e.g. sglang/srt/speculative/ddtree"),
-    }),
+Name = checked(str, _check_name)
+VersionText = checked(str, _check_version)
+
+
+class _Base(Strict):
+    package: Name = setting()
+    version: VersionText = setting(help="quote it: '0.5.11'")
+    files: dict[Any, Any] = setting(factory=dict, help="sha256 of every base file the series touches")
+
+
+class _Runtime(Strict):
+    source: Optional[str] = setting(None, help="directory of vendored files, relative to patchset.yaml")
+    dest: Optional[str] = setting(None, help="where they go in the package, e.g. sglang/srt/speculative/ddtree")
+
+
+class _Vendor(Strict):
+    source: str = setting(help="directory of vendored files, relative to patchset.yaml")
+    dest: str = setting(help="where they go in the package")
+
+
+class PatchSetFile(Strict):
+    """``patchset.yaml``."""
+
+    name: Name = setting(help="patch-set name, e.g. ddtree")
+    version: VersionText = setting(help="version of the patch set itself")
+    description: str = setting("")
+    base: _Base = setting(help="the package release the series was made against")
+    requires: checked(StrMap, _check_requires) = setting(factory=dict)
+    series: list[checked(str, _check_series_entry)] = setting()
+    runtime: Optional[_Runtime] = setting(None)
     # More directories vendored whole, like the runtime (e.g. integration code shared by several bases).
-    "vendor": Field("list", default=list, items=Field("mapping", fields={
-        "source": Field("str", required=True, help="directory of vendored files, relative to patchset.yaml"),
-        "dest": Field("str", required=True, help="where they go in the package"),
-    })),
-}
+    vendor: list[_Vendor] = setting(factory=list)
 
 
 def check_regular_file(path: Path, *, what: str) -> None:
@@ -312,12 +323,12 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
     src = str(yaml_path)
     raw_bytes = read_limited(yaml_path, what="patch-set file")
     try:
-        doc = yaml.safe_load(raw_bytes.decode("utf-8"))
+        doc = load_yaml(raw_bytes.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{src}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{src}: invalid YAML: {exc}") from None
-    data = validate(doc, SCHEMA, source=src)
+    data = validate(doc, PatchSetFile, source=src)
     base = data["base"]
     package = base["package"]
     ps_dir = yaml_path.parent
@@ -369,7 +380,7 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
 
 def _load_runtime(spec: dict[str, Any], ps_dir: Path, package: str, src: str, *,
                   field: str = "runtime") -> Runtime | None:
-    if not spec:
+    if not spec or not any(spec.values()):  # not given, or given empty
         return None
     for key in ("source", "dest"):
         if not spec.get(key):

@@ -79,12 +79,12 @@ def _glibc():
 
 
 # -- installed distributions --------------------------------------------------------------------------------------
-def _requirement(line):
-    """Split a Requires-Dist value into (name, extras, specifier, marker)."""
-    m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*\(?([^;)]*)\)?\s*(?:;\s*(.*))?$", line)
-    if not m:
-        return None
-    return m.group(1), (m.group(2) or "").strip("[]"), m.group(3).strip(), (m.group(4) or "").strip()
+def _requirement_name(line):
+    """The distribution a Requires-Dist value is about (PEP 508's name, its first token). The rest of the line
+    (extras, specifier, markers) is read on the control side with packaging.requirements, which a host's Python
+    may not have: this program is stdlib only."""
+    m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line)
+    return _norm(m.group(1)) if m else None
 
 
 def _dists(site_packages):
@@ -98,20 +98,13 @@ def _dists(site_packages):
     for name in TRACKED_DISTS:
         found[name] = None
         for dist in metadata.distributions(name=name, path=path):
-            pins = {}
-            for line in dist.requires or []:
-                req = _requirement(line)
-                if req is None or re.search(r"\bextra\s*==", req[3]):
-                    continue
-                if _norm(req[0]) in TRACKED_DISTS:
-                    pins[_norm(req[0])] = (req[2] + ("; " + req[3] if req[3] else "")).strip()
+            requires = [line for line in dist.requires or [] if _requirement_name(line) in TRACKED_DISTS]
             location = None
             try:
                 location = str(dist.locate_file(""))
             except Exception:
                 pass
-            found[name] = {"version": dist.version, "requires_torch": pins.get("torch"), "pins": pins,
-                           "location": location}
+            found[name] = {"version": dist.version, "requires": requires, "location": location}
             break
     return found
 

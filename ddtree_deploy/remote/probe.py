@@ -1,7 +1,9 @@
 # ruff: noqa: F821  (Failure, _json and _sys come from _frame.py, which is glued in front of this program)
 # Probe stages that must run on the host: what the server's Python imports, the kernel self-test on the host
 # GPU, start-up watching (pid + log + /health polled every ~100 ms in ONE call, so a dead server is seen at
-# once and not after an SSH round trip per poll), and the fixed generation prompts. Stdlib only.
+# once and not after an SSH round trip per poll), and the fixed generation prompts. Stdlib only (so its poll loops
+# are written out here rather than with tenacity, which a host's Python does not have). The control side shows
+# these waits (elapsed time, the server log's last line) by reading the log over a second channel meanwhile.
 import os
 import shlex
 import shutil

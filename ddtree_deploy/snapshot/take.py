@@ -79,6 +79,7 @@ def take(store: SnapshotStore, host: Host, progress: Progress | None = None, *, 
     check_manifest(host.name, package, raw)
     files = {p: {"sha256": v[0], "size": v[1], "mode": v[2]} for p, v in raw["files"].items()}
     stats.files = len(files)
+    report("manifest", stats.files, 0)  # the manifest's count of files (its bytes follow in the transfer)
     stats.bytes = sum(v["size"] for v in files.values())
     wanted: dict[str, str] = {}  # path on the host -> sha256, one path per missing blob
     first = {}

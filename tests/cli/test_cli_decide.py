@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from boxes import host_copy
+from hostcopy import base_host_doc, host_doc
 
 from ddtree_deploy.dryrun import numstat
 from ddtree_deploy.inventory import load_host_file
@@ -33,7 +33,7 @@ def box(sandbox, wheel_env, tmp_path_factory):
     root = tmp_path_factory.mktemp("decide")
     inv = root / "hosts"
     inv.mkdir()
-    doc = host_copy(sandbox.base.source, NAME, "/srv/ddtree-host/decide-releases")
+    doc = base_host_doc(sandbox, NAME, "/srv/ddtree-host/decide-releases")
     doc["server"]["ddtree_flags"] = FLAGS
     host_file = inv / f"{NAME}.yaml"
     host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -166,7 +166,7 @@ def test_allow_base_drift_tries_the_nearest_series_instead_of_repeating_the_refu
     hint (pass --allow-base-drift). Now it applies the nearest series despite the drift, loudly."""
     inv = tmp_path / "hosts"
     inv.mkdir()
-    doc = host_copy(sandbox.drift.source, "driftbox", "/srv/ddtree-host/decide-drift")
+    doc = host_doc(sandbox.drift.source, "driftbox", "/srv/ddtree-host/decide-drift")
     (inv / "driftbox.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     env = {"DDTREE_INVENTORY": str(inv), "DDTREE_SNAPSHOTS": str(tmp_path / "snapshots")}
     assert wheel_env.run("snapshot", "take", "driftbox", timeout=600, **env).returncode == 0

@@ -11,6 +11,7 @@ line with the right exit code and the host untouched; Ctrl-C during a bench leav
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from boxes import host_copy
+from hostcopy import base_host_doc, new_inventory
 
 from ddtree_deploy import tune as tune_mod
 from ddtree_deploy.inventory import load_host_file
@@ -34,10 +35,8 @@ WORK = ["--max-new-tokens", "12"]
 
 @pytest.fixture(scope="module")
 def box(sandbox, wheel_env, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune")
-    inv = root / "hosts"
-    inv.mkdir()
-    doc = host_copy(sandbox.base.source, NAME, "/srv/ddtree-host/tune-releases")
+    root, inv = new_inventory(tmp_path_factory, "tune")
+    doc = base_host_doc(sandbox, NAME, "/srv/ddtree-host/tune-releases")
     doc["server"].pop("ddtree_flags")
     # the reference engine's emulated GPU round cost (refengine README): a fixed part per step, a part per token
     doc["server"]["command"] = doc["server"]["command"].replace(
@@ -105,6 +104,20 @@ def test_bench_plain_chain_ddtree_side_by_side_and_puts_the_server_back(box) -> 
     dry = run("bench", "--host", NAME, "--batch-sizes", "1", "--dry-run")
     assert dry.returncode == 0 and "dry run: nothing was touched" in dry.stdout and "3 times" in dry.stdout
     assert _info(host_file)["pid"] == pid
+
+
+def test_bench_table_keeps_every_number_whole_at_80_columns(box) -> None:
+    _, _, env, wheel_env = box
+    res = wheel_env.run("bench", "--host", NAME, "--batch-sizes", "1", *WORK, timeout=600, COLUMNS="80", **env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in res.stdout
+    # ten columns do not fit 80: each config is a block of "name  value" lines, every number whole on its line
+    # (the old table split them mid-number, `1569.` over `41`)
+    for name in ("tok/s", "latency ms", "p90 ms", "ms/token", "round ms"):
+        values = [line.split()[-1] for line in lines if line.startswith(name + " ")]
+        assert len(values) == 3 and all(re.fullmatch(r"\d+(\.\d+)?", v) for v in values), (name, res.stdout)
+    assert sorted(line.split()[-1] for line in lines if line.startswith("config ")) == ["chain", "ddtree", "plain"]
 
 
 def _server(host_file: Path) -> tuple[int, str]:
