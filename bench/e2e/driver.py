@@ -177,8 +177,6 @@ def engine_kwargs(cfg: dict) -> dict:
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
     if cfg["algo"] == "ddtree":
         kw["speculative_ddtree_budget"] = cfg["budget"]
-        if BASE != "0.5.11" and cfg["modelset"] in HYBRID_MODELSETS:  # hybrids are opt-in on 0.5.17 (unproven)
-            kw["speculative_ddtree_allow_unproven"] = True
         if cfg.get("adapt"):
             kw["speculative_ddtree_adapt"] = True
     return kw

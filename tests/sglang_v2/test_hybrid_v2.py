@@ -114,8 +114,8 @@ def gdn(kernels=(Triton, Triton, Triton), flashinfer=False, ddtree=True):
     return g
 
 
-def check(mr, allow=False):
-    rnd = DDTreeRound(NS(speculative_ddtree_budget=16, speculative_ddtree_allow_unproven=allow), block_size=16)
+def check(mr):
+    rnd = DDTreeRound(NS(speculative_ddtree_budget=16), block_size=16)  # no flag beside the budget
     try:
         rnd.check_target(mr, is_hybrid=True)
         return {"ok": True, "hybrid": rnd.hybrid}
@@ -125,7 +125,6 @@ def check(mr, allow=False):
 
 out = {}
 out["gdn"] = check(runner(gdn()))
-out["gdn_allowed"] = check(runner(gdn()), allow=True)
 if sys.argv[1] == "0.5.17":
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.lightning_backend import LightningAttentionBackend
@@ -178,13 +177,13 @@ def test_unsupported_hybrids_are_refused_at_start_up(refusals, case, words):
         assert w in got["msg"], (w, got["msg"])
 
 
-def test_gdn_hybrid_opt_in_on_0517_refused_on_0516(refusals):
-    """Wired on 0.5.17 but not proven on a GPU (greedy output differed from the chain there): refused by default with
-    the reason, run with --speculative-ddtree-allow-unproven; 0.5.16 has no patch 0004 and refuses always."""
-    default = refusals["0.5.17"]["gdn"]
-    assert not default["ok"] and "is not proven with GatedDeltaNet hybrid targets" in default["msg"], default
-    assert "--speculative-ddtree-allow-unproven" in default["msg"] and "hybrid-0.5.17-h200" in default["msg"]
-    assert refusals["0.5.17"]["gdn_allowed"] == {"ok": True, "hybrid": True}
+def test_gdn_hybrid_on_by_default_on_0517_refused_on_0516(refusals):
+    """A GatedDeltaNet hybrid with the triton GDN kernels starts on 0.5.17 with the budget alone (no
+    --speculative-ddtree-allow-unproven: the ard run and the ties analysis proved it lossless); the worker branches
+    its state (.hybrid). 0.5.16 has no patch 0004 and refuses it with the reason."""
+    assert refusals["0.5.17"]["gdn"] == {"ok": True, "hybrid": True}
+    old = refusals["0.5.16"]["gdn_unpatched"]
+    assert not old["ok"] and "SGLang 0.5.17 only" in old["msg"], old
     old = refusals["0.5.16"]["gdn_unpatched"]
     assert not old["ok"] and "SGLang 0.5.17 only" in old["msg"], old
 
