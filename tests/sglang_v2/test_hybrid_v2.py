@@ -398,6 +398,85 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
     assert fits[16] < 32 and fits[8] < 64 and fits[4] < 128, "the cells left out really do not fit"
 
 
+DRAFTER = r"""
+import json, sys, types
+import torch, transformers
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context
+from sglang.srt import server_args as _S
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed import parallel_state as ps
+
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+# one-rank stand-ins for the process groups the layers ask for their TP size (world of one: TP 1)
+_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
+                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
+                           unique_name="one")
+for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
+    setattr(ps, n, _g)
+# the rotary embedding's native path (this torch reports a fake CUDA without a CUDA build: its fused kernel is
+# looked for in vllm otherwise); nothing else differs from the GPU's construction
+from sglang.srt.layers.rotary_embedding import base as _rope
+_rope._is_cpu = True
+from sglang.srt.models.dflash import DFlashDraftModel
+
+tgt = sys.argv[1]
+out = {"transformers": transformers.__version__}
+for name, drf in (("generated", sys.argv[2]), ("without_use_sliding_window", sys.argv[3])):
+    try:
+        sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy",
+                                  "--attention-backend", "triton", "--grammar-backend", "none",
+                                  "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drf,
+                                  "--speculative-ddtree-budget", "16", "--max-running-requests", "16"])
+        get_context().set_server_args(sa)
+        hf = ModelConfig.from_server_args(sa, model_path=drf, is_draft_model=True).hf_config
+        rec = {"config": type(hf).__name__, "sliding_window": hf.sliding_window, "layer_types": list(hf.layer_types)}
+        with torch.device("meta"):  # the drafter's modules at full size, without memory
+            model = DFlashDraftModel(hf)
+        rec["layers"] = [[layer.self_attn.attn.sliding_window_size, layer.self_attn.attn.attn_type.name]
+                         for layer in model.layers]
+        rec["params"] = sum(p.numel() for p in model.parameters())
+        out[name] = {"ok": True, **rec}
+    except Exception as e:
+        out[name] = {"ok": False, "msg": f"{type(e).__name__}: {e}"}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_qwen36_27b_drafter_keeps_its_sliding_window_and_builds(v2_trees, tmp_path: Path):
+    """The 27B-shape drafter of mk_shapes.py, read by SGLang 0.5.17 through transformers 5.12.1 (the version
+    0.5.17 pins, the one in the 0.5.17 GPU bundle's wheels and in the spec-v2 dependency folder), keeps its 2048
+    window, and SGLang's DFlashDraftModel builds its five layers (on the meta device): four sliding layers with
+    window_left 2047, one full non-causal layer. The same config without ``use_sliding_window`` is what the engines
+    died of on the H200: transformers drops the window and SGLang refuses the sliding layers."""
+    import subprocess
+    import sys
+
+    from v2_helpers import pinned
+
+    base = tmp_path / "base"
+    (base / "tiny-qwen3").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_shapes", str(tmp_path / "m"), str(base)], check=True,
+                   cwd=REPO, capture_output=True)
+    drafter = tmp_path / "m" / "q36-dflash"
+    cfg = json.loads((drafter / "config.json").read_text())
+    assert cfg["use_sliding_window"] is True and cfg["sliding_window"] == 2048
+    old = tmp_path / "old-dflash"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "use_sliding_window"}))
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, DRAFTER, str(tmp_path / "m" / "q36-target"),
+                             str(drafter), str(old), fake_cuda=True))
+    assert got["transformers"] == pinned("0.5.17", "transformers") == "5.12.1"
+    gen = got["generated"]
+    assert gen["ok"], gen
+    assert gen["config"] == "Qwen3Config" and gen["sliding_window"] == 2048
+    assert gen["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert gen["layers"] == [[2047, "DECODER"]] * 4 + [[-1, "ENCODER_ONLY"]]
+    assert gen["params"] > 5 * 5120 * 17408 * 3, "the layers are built at the 27B drafter's width"
+    bad = got["without_use_sliding_window"]
+    assert not bad["ok"] and "DFLASH sliding_attention layers require config.sliding_window" in bad["msg"], bad
+
+
 # ------------------------------------------------------------------------------------------ 6. the `ard` reference
 
 ARD = r'''
