@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -229,25 +230,102 @@ def profile_rounds(engine, profdir: Path, name: str, cfg: dict | None = None) ->
     return out
 
 
+#: A configuration's record while its engine starts, and while it runs its workloads: what stays if the process
+#: dies there (finish_record).
+START_CHECKPOINT = "engine start"
+RUN_CHECKPOINT = "workloads"
+#: The exception line of a Python traceback (the child's, printed into the configuration's log).
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?$")
+
+
+class EngineChildFailed(RuntimeError):
+    """A child process of the engine failed during start-up (it sent the driver SIGQUIT)."""
+
+
+def log_error(log: Path) -> str | None:
+    """The last exception line of a traceback in ``log`` (a child process's cause of death), or None."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    hits = [ln.strip() for ln in lines if _EXC_LINE.match(ln.strip())]
+    return hits[-1][:1000] if hits else None
+
+
+def _on_child_failure(signum, frame) -> None:  # noqa: ARG001 - a signal handler's signature
+    """SGLang's children SIGQUIT their parent when they fail; its own handler kills the whole process tree, the
+    driver with it, before the record is written. Ours ends the children only and raises in the main thread."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    raise EngineChildFailed("a child process of the engine failed during start-up (SIGQUIT)")
+
+
+def start_engine(cfg: dict, kw: dict):
+    """The configuration's engine: SGLang's, or the CPU stand-in (E2E_DRY_RUN=1). Either way a child failure
+    at start-up raises :class:`EngineChildFailed` here instead of killing this process."""
+    kw = {**kw, "custom_sigquit_handler": _on_child_failure}
+    if os.environ.get("E2E_DRY_RUN") == "1":  # CPU stand-in: checks the flow, not SGLang (dry_engine.py)
+        from bench.e2e.dry_engine import DryEngine
+
+        return DryEngine(cfg, kw["model_path"], sigquit_handler=kw["custom_sigquit_handler"])
+    import sglang as sgl
+
+    return sgl.Engine(**kw)
+
+
+def start_error(outdir: Path, name: str, exc: BaseException | None) -> str:
+    """What a failed start is recorded with: the child's exception line from the log when there is one (the
+    real cause, e.g. a ValueError of the model config), else the exception the start raised."""
+    if isinstance(exc, EngineChildFailed):
+        time.sleep(1.0)  # the child logs its traceback, then signals: let the log catch up
+    cause = log_error(outdir / "logs" / f"{name}.log")
+    own = f"{type(exc).__name__}: {exc}" if exc is not None else None
+    if exc is not None and not isinstance(exc, EngineChildFailed) and own:
+        return f"engine start: {own}"
+    return f"engine start: {cause or own or 'the process died before the engine came up'}"
+
+
+def finish_record(outdir: Path, name: str, rc: int | None, *, killed: bool = False) -> bool:
+    """After a configuration's process ended: if it left no record, or only the start checkpoint (it died while
+    the engine started, e.g. killed with its process tree), write the record with the error from its log; if it
+    died during its workloads, say so in the record. True when a record was written here."""
+    path = outdir / f"{name}.json"
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, ValueError):
+        res = {"config": parse(name), "ok": False, "workloads": {}, "checkpoint": START_CHECKPOINT}
+    why = "killed at the deadline" if killed else f"exit status {rc}"
+    if res.get("checkpoint") == START_CHECKPOINT:
+        res.update(ok=False, error=f"{start_error(outdir, name, None)} ({why})")
+        res.pop("checkpoint")
+    elif res.get("checkpoint") == RUN_CHECKPOINT and "error" not in res:
+        cause = log_error(outdir / "logs" / f"{name}.log")
+        res.update(ok=False, error=f"died during its workloads: {cause + ' ' if cause else ''}({why})")
+    else:  # a final record, or a later checkpoint (before profiling) that keeps its measurements
+        return False
+    path.write_text(json.dumps(res, indent=1))
+    return True
+
+
 def run_one(name: str, outdir: Path) -> int:
     cfg = parse(name)
     res: dict = {"config": cfg, "ok": False, "workloads": {}}
     t0 = time.perf_counter()
+    (outdir / f"{name}.json").write_text(json.dumps({**res, "checkpoint": START_CHECKPOINT}, indent=1))
     try:
-        kw = engine_kwargs(cfg)
-        if os.environ.get("E2E_DRY_RUN") == "1":  # CPU stand-in: checks the flow, not SGLang (dry_engine.py)
-            from bench.e2e.dry_engine import DryEngine
-
-            engine = DryEngine(cfg, kw["model_path"])
-        else:
-            import sglang as sgl
-
-            engine = sgl.Engine(**kw)
+        engine = start_engine(cfg, engine_kwargs(cfg))
     except BaseException as e:  # noqa: BLE001 - recorded, the orchestrator goes on
-        res["error"] = f"engine start: {type(e).__name__}: {e}"
+        res["error"] = start_error(outdir, name, e)
+        res["startup_s"] = round(time.perf_counter() - t0, 2)
         (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
         return 1
     res["startup_s"] = round(time.perf_counter() - t0, 2)
+    (outdir / f"{name}.json").write_text(json.dumps({**res, "checkpoint": RUN_CHECKPOINT}, indent=1))
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
         allp = prompts(16)
@@ -435,10 +513,14 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
         for n, (p, ts, _) in list(running.items()):
             if p.poll() is not None:
                 print(f"[{time.time() - t0:6.1f}s] done {n} rc={p.returncode} ({time.time() - ts:.1f}s)", flush=True)
+                if finish_record(outdir, n, p.returncode):
+                    print(f"[{time.time() - t0:6.1f}s] {n}: died at engine start, recorded from its log", flush=True)
                 del running[n]
             elif time.time() - t0 > deadline_s:
                 p.kill()
                 print(f"[{time.time() - t0:6.1f}s] killed {n} (deadline)", flush=True)
+                p.wait()
+                finish_record(outdir, n, p.returncode, killed=True)
                 del running[n]
         started = True
         while queue and started and time.time() - t0 < deadline_s - 60:

@@ -882,6 +882,10 @@ def render_hybrid17(s: dict) -> str:
                  f"{r.get('tokens_per_round')} | {r.get('tok_per_s')} | "
                  f"{'-' if share is None else f'{share:.1%}'} | {r['max_running']} |"
                  + ("" if r["ok"] else f" {r['error']}"))
+    failed = {n: c for n, c in sorted(s.get("configs", {}).items()) if not c.get("ok")}
+    if failed:  # every configuration that did not finish, with its error (an engine that died at start-up too)
+        L += ["", "## Configurations that did not finish (start-up failures with the engine's error)", ""]
+        L += [f"- `{n}`: {c.get('error') or 'no error recorded'}" for n, c in failed.items()]
     if s["round_27b"]["memory_check"]:
         L += ["", "Start-up memory check (the server's log): " + "; ".join(
             f"{n}: " + (f"largest budget {v['largest_fit']} at {v['max_running']} requests" if "largest_fit" in v
