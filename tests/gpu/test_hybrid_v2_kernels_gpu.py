@@ -487,6 +487,12 @@ def run(cases, shapes, device) -> dict:
 
 
 def test_hybrid_v2_kernels_gpu():  # pytest entry on a GPU host
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sglang_on_path import skip_reason
+
+    why = skip_reason("0.5.17")  # the 0.5.17 series' patch 0004 with spec-v2/hybrid.py
+    if why:
+        pytest.skip(why)
     assert run(GPU_CASES, QWEN36, "cuda")["ok"]
 
 

@@ -1,7 +1,7 @@
 """`--speculative-ddtree-budget` resolution in the patched sglang 0.5.11 ServerArgs (device="cuda", on CPU).
 
 Runs in a subprocess against the whole patched package (conftest `patched_tree`). Importing
-sglang.srt.server_args needs SGLang's Python dependencies (tests/sglang/requirements-cpu.txt, installed with --no-deps). Without them the
+sglang.srt.server_args needs SGLang's Python dependencies (tests/sglang_v1/requirements-cpu.txt, installed with --no-deps). Without them the
 test is skipped with the missing module's name, unless DDTREE_REQUIRE_SGLANG_DEPS=1 (then it fails).
 torchvision is replaced by a small stand-in package (a real package directory with dist-info), never installed.
 """
