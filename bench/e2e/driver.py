@@ -21,6 +21,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             q8b   : bench/e2e/models/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
             q36   : bench/e2e/models/mk_shapes.py (Qwen3.6-27B shape: GatedDeltaNet + gated attention hybrid served as
                     Qwen3_5ForConditionalGeneration, text only; z-lab Qwen3.6-27B-DFlash drafter shape; dummy weights)
+            prof / prof36: bench/e2e/models/mk_profile.py (the q8b / q36 shapes with a controlled acceptance profile:
+                    tok/s, not only round cost, means something; sampled at T = 1)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
             ard (0.5.17, no speculative decoding; hybrid GDN decode through DDTree's tree kernels, see config_env)
@@ -34,6 +36,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
             bench/e2e/round_share.py (python -m bench.e2e.round_share)
+  -pN       pass N of a configuration measured more than once in a lease (interleaved with the others; the
+            report merges the passes' speed runs and shows each pass's median)
   -launch   launches and host µs per decode round of the worker (bench/e2e/round_stats_hook/sitecustomize.py in the
             scheduler process; summarised by bench/e2e/round_stats.py into the JSON's round_stats and the report)
 
@@ -68,13 +72,18 @@ MODELSETS = {
     "q8b": ("q8b-target", "q8b-dflash"),  # Qwen3-8B shape + z-lab b16 drafter shape, --load-format dummy
     "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (models/mk_profile.py)
     "q36": ("q36-target", "q36-dflash"),  # Qwen3.6-27B shape + z-lab Qwen3.6-27B-DFlash shape, --load-format dummy
+    "prof36": ("prof36-target", "prof36-dflash"),  # the 27B shapes with the controlled acceptance profile
 }
-DUMMY_MODELSETS = ("q8b", "prof", "q36")
+DUMMY_MODELSETS = ("q8b", "prof", "q36", "prof36")
+#: The Qwen3.6-27B-shape model sets (most of the GPU each: memory fraction, mamba pool, text only)
+Q36_MODELSETS = ("q36", "prof36")
+#: Model sets with a controlled acceptance profile (bench/e2e/profile_weights, models/mk_profile.py)
+PROFILE_MODELSETS = ("prof", "prof36")
 #: Model sets whose speed workloads sample (temperature 1): the `prof` profile is a law over tokens, not a function.
-SAMPLED_SPEED_MODELSETS = {"prof": 1.0}
+SAMPLED_SPEED_MODELSETS = {"prof": 1.0, "prof36": 1.0}
 #: Which SGLang the run serves: 0.5.11 (spec-v1 DFlashWorker) or 0.5.17 (spec-v2 DFlashWorkerV2, overlap on).
 BASE = os.environ.get("E2E_BASE", "0.5.11")
-HYBRID_MODELSETS = ("hyb", "hyblive", "q36")
+HYBRID_MODELSETS = ("hyb", "hyblive", "q36", "prof36")
 BATCHES = (1, 4, 16)
 MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
 SAMPLE_T = float(os.environ.get("E2E_SAMPLE_T", "2.5"))
@@ -113,6 +122,8 @@ def parse(name: str) -> dict:
             cfg["max_running"] = int(p[3:])  # e.g. to provoke the hybrid budget-memory start-up error
         elif p == "noradix":
             cfg["noradix"] = True
+        elif re.fullmatch(r"p\d+", p):
+            cfg["pass"] = int(p[1:])  # the same configuration measured again later in the lease (report merges)
     return cfg
 
 
@@ -164,7 +175,7 @@ def engine_kwargs(cfg: dict) -> dict:
         if "max_running" not in cfg:
             kw["max_running_requests"] = max(kw["max_running_requests"], max(SPEED_BATCHES))
         kw["mem_fraction_static"] = float(os.environ.get("E2E_MEM_FRACTION_BIG", "0.22"))
-    if cfg["modelset"] == "q36":
+    if cfg["modelset"] in Q36_MODELSETS:
         # 27B of weights, then the recurrent states: most of the GPU, most of the rest to the mamba pool (its
         # per-step verify scratch grows with the verify width), text only (no image processor), graphs for the
         # timed batches only.
@@ -475,9 +486,9 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
         # first on the path: its sitecustomize runs the next one (gdn_unpacked_decode's, the bundle's) itself
         hooks.insert(0, str(Path(__file__).resolve().parent / "round_stats_hook"))
         env["DDTREE_ROUND_STATS"] = str(round_stats_dir(outdir, cfg["name"]))
-    if cfg["modelset"] == "prof":
+    if cfg["modelset"] in PROFILE_MODELSETS:
         hooks.append(str(Path(__file__).resolve().parent / "profile_weights"))
-        env["E2E_PROFILE_JSON"] = str(MODELS / "prof-target" / "profile.json")
+        env["E2E_PROFILE_JSON"] = str(MODELS / MODELSETS[cfg["modelset"]][0] / "profile.json")
     if hooks:
         # the hooks import bench.e2e.import_hook: the repository root goes last, so it shadows nothing
         rest = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []

@@ -493,7 +493,11 @@ def test_hybrid_v2_kernels_gpu():  # pytest entry on a GPU host
     why = skip_reason("0.5.17")  # the 0.5.17 series' patch 0004 with spec-v2/hybrid.py
     if why:
         pytest.skip(why)
-    assert run(GPU_CASES, QWEN36, "cuda")["ok"]
+    res = run(GPU_CASES, QWEN36, "cuda")
+    if os.environ.get("OUT"):  # the same JSON as the script mode's, for python -m bench.e2e.report hybrid17 --kernels
+        with open(os.path.join(os.environ["OUT"], "hybrid_v2_kernels.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    assert res["ok"], [c for c in res["cases"] if not c["ok"]]
 
 
 def main() -> int:

@@ -477,6 +477,88 @@ def test_qwen36_27b_drafter_keeps_its_sliding_window_and_builds(v2_trees, tmp_pa
     assert not bad["ok"] and "DFLASH sliding_attention layers require config.sliding_window" in bad["msg"], bad
 
 
+PROFILE36 = r"""
+import json, runpy, sys, types
+import torch
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context
+from sglang.srt import server_args as _S
+from sglang.srt.distributed import parallel_state as ps
+from sglang.srt.layers import dp_attention as _dp
+
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
+                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
+                           unique_name="one")
+for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
+    setattr(ps, n, _g)
+_dp._ATTN_DP_RANK, _dp._ATTN_DP_SIZE = 0, 1
+from sglang.srt.layers.rotary_embedding import base as _rope
+_rope._is_cpu = True  # the native rotary path (see the drafter test)
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.models.qwen3_5 import Qwen3_5ForCausalLM
+
+tgt, drf, hook = sys.argv[1], sys.argv[2], sys.argv[3]
+sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy", "--attention-backend",
+                          "triton", "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
+                          "--speculative-draft-model-path", drf, "--speculative-ddtree-budget", "16",
+                          "--max-running-requests", "4"])
+get_context().set_server_args(sa)
+text = ModelConfig.from_server_args(sa).hf_config.text_config  # the 27B's text config, shrunk (not its layout)
+for k, v in dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+                 linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=2048).items():
+    setattr(text, k, v)
+model = Qwen3_5ForCausalLM(text)
+profile = json.loads(open(tgt + "/profile.json").read())
+H = runpy.run_path(hook)  # bench/e2e/profile_weights/sitecustomize.py (without E2E_PROFILE_JSON: no import hook)
+with torch.no_grad():
+    for _, p in model.named_parameters():
+        p.normal_()
+    for m in model.modules():
+        if hasattr(m, "gemma_weight"):
+            m.gemma_weight.normal_()
+done = H["apply_profile"](model, profile)
+P = dict(model.named_parameters())
+gemma = [m for m in model.modules() if type(m).__name__ == "GemmaRMSNorm"]
+zero = [n for n in P if n.endswith(("o_proj.weight", "down_proj.weight", "out_proj.weight"))]
+u = torch.zeros(1, 64)
+u[0, 0] = 1.0
+h = model.norm.forward_native(u.to(torch.bfloat16)).float()
+print("RESULT" + json.dumps({
+    "set": len(done), "gemma": len(gemma), "gemma_weight_zero": all(bool((m.weight == 0).all()) for m in gemma),
+    "gemma_scale_one": all(bool((m.gemma_weight == 1).all()) for m in gemma if hasattr(m, "gemma_weight")),
+    "zeroed": sorted(zero), "all_zero": all(bool((P[n] == 0).all()) for n in zero),
+    "embed_e0": bool((P["embed_tokens.weight"][:, 0] == 1).all() and (P["embed_tokens.weight"][:, 1:] == 0).all()),
+    "norm_out": [float(h[0, 0]), float(h[0, 1:].abs().max())]}))
+"""
+
+
+def test_prof36_profile_holds_on_the_real_qwen36_layers(v2_trees, tmp_path: Path):
+    """The controlled-acceptance hook (bench/e2e/profile_weights) on SGLang 0.5.17's own Qwen3.5/3.6 model classes
+    (text model shrunk to hidden 64, its 3 GatedDeltaNet + 1 gated-attention layer pattern kept): every layer's
+    output projection is zero (the GDN layers' out_proj included), every Gemma-style norm scales by one, the
+    embedding is e0, so the final norm maps u = e0 to h0 e0 as models/mk_profile.py computes the logits from."""
+    import subprocess
+    import sys
+
+    base = tmp_path / "base"
+    (base / "tiny-qwen3").mkdir(parents=True)
+    for mod in ("mk_shapes", "mk_profile"):
+        subprocess.run([sys.executable, "-m", f"bench.e2e.models.{mod}", str(tmp_path / "m"), str(base)], check=True,
+                       cwd=REPO, capture_output=True)
+    prof = json.loads((tmp_path / "m" / "prof36-target" / "profile.json").read_text())
+    assert (prof["hidden_size"], prof["vocab_size"]) == (5120, 248320)
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, PROFILE36, str(tmp_path / "m" / "prof36-target"),
+                             str(tmp_path / "m" / "prof36-dflash"),
+                             str(REPO / "bench/e2e/profile_weights/sitecustomize.py"), fake_cuda=True))
+    assert got["gemma"] > 0 and got["gemma_weight_zero"] and got["gemma_scale_one"], got
+    assert got["all_zero"] and sum(".linear_attn.out_proj." in n for n in got["zeroed"]) == 3, got["zeroed"]
+    assert sum(n.endswith(".o_proj.weight") for n in got["zeroed"]) == 1 and got["embed_e0"], got
+    h0 = 1.0 / (1.0 / 64 + 1e-6) ** 0.5  # mk_profile.realised_logits' h0 at hidden 64 (bf16 output)
+    assert abs(got["norm_out"][0] - h0) <= 0.01 * h0 and got["norm_out"][1] == 0.0, got["norm_out"]
+
+
 # ------------------------------------------------------------------------------------------ 6. the `ard` reference
 
 ARD = r'''
