@@ -33,7 +33,7 @@
 # then: python -m bench.e2e.report hybrid17 bench/results/hybrid-0.5.17-h200 $OUT/*-raw.tgz
 # E2E_DRY_RUN=1 runs the flow on CPU with stand-in engines (gpu_run.sh); E2E_DRY_SGLANG=PYTHONPATH (a patched tree and its
 # CPU dependencies, as tests/sglang_v2/v2_helpers.run_python lays them out) adds the kernel check
-# CPU smoke against a patched tree. bench/e2e/README.md has the one-lease plan with the device tool.
+# CPU smoke against a patched tree. bench/e2e/README.md has the one-lease plan (parts ard, q36t1, q36t2, gputests).
 set -u
 TAG=$1; PART=${2:-all}
 LOSSLESS=hyblive-ar,hyblive-arv,hyblive-chain,hyblive-ddtree-b4,hyblive-ddtree-b16,hyblive-ddtree-b64
