@@ -297,6 +297,36 @@ def test_memory_check_boundary_names_the_largest_budget(hybrid_args, case):
         assert x["share"] < 1.0
 
 
+AUTO = r"""
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt import server_args as _S
+from sglang.srt.speculative.ddtree import schedule as SCHED
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+tgt, drf = sys.argv[1], sys.argv[2]
+sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--attention-backend", "triton",
+                          "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
+                          "--speculative-draft-model-path", drf, "--speculative-ddtree-budget", "auto",
+                          "--max-running-requests", "8", "--disable-radix-cache"])
+print("RESULT" + json.dumps({"schedule": sa.speculative_ddtree_schedule,
+                             "hybrid": str(SCHED.default_schedule(range(1, 513), block_size=16, hybrid=True)),
+                             "dense": str(SCHED.default_schedule(range(1, 513), block_size=16))}))
+"""
+
+
+def test_auto_prices_a_hybrid_target_with_the_hybrid_table(v2_trees, tmp_path: Path):
+    """`--speculative-ddtree-budget auto` on a GatedDeltaNet hybrid resolves with the hybrid cost table (its GDN
+    verify grows with every node, budgets bounded by what fits), not the dense one."""
+    tgt, drf = model_dirs(tmp_path, NEXT_TARGET, dict(
+        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
+        intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        layer_types=["full_attention"], num_target_layers=4, block_size=16, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16", tie_word_embeddings=False,
+        dflash_config={"block_size": 16, "target_layer_ids": [0, 2], "mask_token": "<|mask|>", "mask_token_id": 3}))
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, AUTO, str(tgt), str(drf), fake_cuda=True))
+    assert got["schedule"] == got["hybrid"] != got["dense"], got
+
+
 def test_memory_check_when_not_even_the_root_fits(hybrid_args):
     msg = hybrid_args["no_root"]
     assert msg and "not even the root fits" in msg and "largest budget that fits is 0" in msg

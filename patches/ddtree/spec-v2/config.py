@@ -208,10 +208,22 @@ def pre_resolve(server_args: Any) -> Any:
     return parsed
 
 
-def resolve_auto(block_size: int) -> Any:
+def resolve_auto(block_size: int, *, hybrid: bool = False) -> Any:
     """What ``auto`` means: the runtime's ``default_schedule`` at every batch size 1..512 for a drafter of
-    ``block_size`` (the built-in H200 round costs and acceptance profile; see its docstring)."""
-    return _schedule_mod().default_schedule(range(1, 513), block_size=int(block_size))
+    ``block_size`` (the built-in H200 round costs and acceptance profile; see its docstring); ``hybrid``: a
+    GatedDeltaNet hybrid target, priced with the hybrid table (its GDN verify grows with every tree node)."""
+    return _schedule_mod().default_schedule(range(1, 513), block_size=int(block_size), hybrid=hybrid)
+
+
+def is_gdn_hybrid(server_args: Any) -> bool:
+    """Whether the target is a GatedDeltaNet hybrid (Qwen3.5 / 3.6, Qwen3-Next, ...), from the model config the
+    base caches on the arguments; False where the base cannot say (no such config helper)."""
+    try:
+        from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
+    except ImportError:
+        return False
+    get = getattr(server_args, "get_model_config", None)
+    return get is not None and hybrid_gdn_config(get()) is not None
 
 
 def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = True) -> tuple[list[str], list[str]]:
@@ -281,7 +293,7 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     if unproven:
         logger.warning("DDTree runs with configurations not proven on a GPU (%s): %s", UNPROVEN_FLAG,
                        "; ".join(unproven))
-    schedule = resolve_auto(block_size) if parsed is AUTO else parsed
+    schedule = resolve_auto(block_size, hybrid=is_gdn_hybrid(server_args)) if parsed is AUTO else parsed
     if isinstance(parsed, int):  # a caller with a plain budget (the pre-schedule interface)
         schedule = _schedule_mod().Schedule.of(parsed)
     width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
