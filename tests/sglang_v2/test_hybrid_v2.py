@@ -258,15 +258,19 @@ print("RESULT" + json.dumps(out))
 '''
 
 
+#: a block-16 DFlash drafter for NEXT_TARGET (configs only: server arguments read no more)
+NEXT_DRAFTER = dict(architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
+                    intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=32, layer_types=["full_attention"], num_target_layers=4, block_size=16,
+                    max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16",
+                    tie_word_embeddings=False, dflash_config={"block_size": 16, "target_layer_ids": [0, 2],
+                                                              "mask_token": "<|mask|>", "mask_token_id": 3})
+
+
 @pytest.fixture(scope="module")
 def hybrid_args(v2_trees, tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("hybrid-args")
-    tgt, drf = model_dirs(work, NEXT_TARGET, dict(
-        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
-        intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        layer_types=["full_attention"], num_target_layers=4, block_size=16, max_position_embeddings=4096,
-        rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16", tie_word_embeddings=False,
-        dflash_config={"block_size": 16, "target_layer_ids": [0, 2], "mask_token": "<|mask|>", "mask_token_id": 3}))
+    tgt, drf = model_dirs(work, NEXT_TARGET, NEXT_DRAFTER)
     return _result(run_python(v2_trees("0.5.17"), work, ARGS, str(tgt), str(drf), fake_cuda=True))
 
 
@@ -317,12 +321,7 @@ print("RESULT" + json.dumps({"schedule": sa.speculative_ddtree_schedule,
 def test_auto_prices_a_hybrid_target_with_the_hybrid_table(v2_trees, tmp_path: Path):
     """`--speculative-ddtree-budget auto` on a GatedDeltaNet hybrid resolves with the hybrid cost table (its GDN
     verify grows with every node, budgets bounded by what fits), not the dense one."""
-    tgt, drf = model_dirs(tmp_path, NEXT_TARGET, dict(
-        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
-        intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        layer_types=["full_attention"], num_target_layers=4, block_size=16, max_position_embeddings=4096,
-        rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16", tie_word_embeddings=False,
-        dflash_config={"block_size": 16, "target_layer_ids": [0, 2], "mask_token": "<|mask|>", "mask_token_id": 3}))
+    tgt, drf = model_dirs(tmp_path, NEXT_TARGET, NEXT_DRAFTER)
     got = _result(run_python(v2_trees("0.5.17"), tmp_path, AUTO, str(tgt), str(drf), fake_cuda=True))
     assert got["schedule"] == got["hybrid"] != got["dense"], got
 
@@ -357,6 +356,27 @@ def test_hooks_sit_where_the_base_reads_them(v2_trees):
 
 # ------------------------------------------------------------------------------------------ 5. the 27B shape
 
+# The set-up the scripts below share: one rank, on CPU, as the H200 would resolve arguments.
+ONE_RANK = r"""
+import types
+from sglang.srt import server_args as _S
+from sglang.srt.distributed import parallel_state as ps
+from sglang.srt.layers import dp_attention as _dp
+from sglang.srt.layers.rotary_embedding import base as _rope
+
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+# one-rank stand-ins for the process groups the model code asks for its TP size (world of one: TP 1)
+_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
+                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
+                           unique_name="one")
+for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
+    setattr(ps, n, _g)
+_dp._ATTN_DP_RANK, _dp._ATTN_DP_SIZE = 0, 1  # no DP attention
+# the rotary embedding's native path (this torch reports a fake CUDA without a CUDA build: its fused kernel is
+# looked for in vllm otherwise); nothing else differs from the GPU's construction
+_rope._is_cpu = True
+"""
+
 Q36 = r'''
 import json, sys
 from sglang.srt import server_args as _S
@@ -367,7 +387,6 @@ from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
 from sglang.srt.speculative.dflash_utils import get_dflash_layer_types, parse_dflash_draft_config
 from sglang.srt.speculative.ddtree_v2 import hybrid
 
-_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
 tgt, drf = sys.argv[1], sys.argv[2]
 sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy", "--attention-backend",
                           "triton", "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
@@ -375,14 +394,6 @@ sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-
                           "--mamba-radix-cache-strategy", "extra_buffer", "--max-running-requests", "16",
                           "--mamba-full-memory-ratio", "8.0"])
 get_context().set_server_args(sa)
-# one-rank stand-ins for the process groups the state-size code asks for its TP size (world of one: TP 1)
-import types
-from sglang.srt.distributed import parallel_state as ps
-_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
-                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
-                           unique_name="one")
-for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
-    setattr(ps, n, _g)
 mc = ModelConfig.from_server_args(sa)
 dc = ModelConfig.from_server_args(sa, model_path=drf, is_draft_model=True)
 gdn = hybrid_gdn_config(mc)
@@ -412,7 +423,7 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
     (base / "tiny-qwen3").mkdir(parents=True)
     subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_shapes", str(tmp_path / "m"), str(base)], check=True,
                    cwd=REPO, capture_output=True)
-    got = _result(run_python(v2_trees("0.5.17"), tmp_path, Q36, str(tmp_path / "m/q36-target"),
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, ONE_RANK + Q36, str(tmp_path / "m/q36-target"),
                              str(tmp_path / "m/q36-dflash"), fake_cuda=True))
     assert got["arch"] == ["Qwen3_5ForConditionalGeneration"] and got["gdn"]
     assert (got["layers"], got["hidden"], got["linear_layers"]) == (64, 5120, 48)
@@ -429,25 +440,11 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
 
 
 DRAFTER = r"""
-import json, sys, types
+import json, sys
 import torch, transformers
 from sglang.srt.server_args import prepare_server_args
 from sglang.srt.runtime_context import get_context
-from sglang.srt import server_args as _S
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.distributed import parallel_state as ps
-
-_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
-# one-rank stand-ins for the process groups the layers ask for their TP size (world of one: TP 1)
-_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
-                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
-                           unique_name="one")
-for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
-    setattr(ps, n, _g)
-# the rotary embedding's native path (this torch reports a fake CUDA without a CUDA build: its fused kernel is
-# looked for in vllm otherwise); nothing else differs from the GPU's construction
-from sglang.srt.layers.rotary_embedding import base as _rope
-_rope._is_cpu = True
 from sglang.srt.models.dflash import DFlashDraftModel
 
 tgt = sys.argv[1]
@@ -494,7 +491,7 @@ def test_qwen36_27b_drafter_keeps_its_sliding_window_and_builds(v2_trees, tmp_pa
     old = tmp_path / "old-dflash"
     old.mkdir()
     (old / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "use_sliding_window"}))
-    got = _result(run_python(v2_trees("0.5.17"), tmp_path, DRAFTER, str(tmp_path / "m" / "q36-target"),
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, ONE_RANK + DRAFTER, str(tmp_path / "m" / "q36-target"),
                              str(drafter), str(old), fake_cuda=True))
     assert got["transformers"] == pinned("0.5.17", "transformers") == "5.12.1"
     gen = got["generated"]
@@ -508,23 +505,10 @@ def test_qwen36_27b_drafter_keeps_its_sliding_window_and_builds(v2_trees, tmp_pa
 
 
 PROFILE36 = r"""
-import json, runpy, sys, types
+import json, runpy, sys
 import torch
 from sglang.srt.server_args import prepare_server_args
 from sglang.srt.runtime_context import get_context
-from sglang.srt import server_args as _S
-from sglang.srt.distributed import parallel_state as ps
-from sglang.srt.layers import dp_attention as _dp
-
-_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
-_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
-                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
-                           unique_name="one")
-for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
-    setattr(ps, n, _g)
-_dp._ATTN_DP_RANK, _dp._ATTN_DP_SIZE = 0, 1
-from sglang.srt.layers.rotary_embedding import base as _rope
-_rope._is_cpu = True  # the native rotary path (see the drafter test)
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.models.qwen3_5 import Qwen3_5ForCausalLM
 
@@ -579,7 +563,7 @@ def test_prof36_profile_holds_on_the_real_qwen36_layers(v2_trees, tmp_path: Path
                        cwd=REPO, capture_output=True)
     prof = json.loads((tmp_path / "m" / "prof36-target" / "profile.json").read_text())
     assert (prof["hidden_size"], prof["vocab_size"]) == (5120, 248320)
-    got = _result(run_python(v2_trees("0.5.17"), tmp_path, PROFILE36, str(tmp_path / "m" / "prof36-target"),
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, ONE_RANK + PROFILE36, str(tmp_path / "m" / "prof36-target"),
                              str(tmp_path / "m" / "prof36-dflash"),
                              str(REPO / "bench/e2e/profile_weights/sitecustomize.py"), fake_cuda=True))
     assert got["gemma"] > 0 and got["gemma_weight_zero"] and got["gemma_scale_one"], got
