@@ -25,7 +25,7 @@ $(VENV)/bin/python:
 # System packages (sshd for the sandbox hosts, rsync for the snapshot benchmark, zstd for compressed snapshot
 # transfers, which the tests exercise) and the project with its extras.
 # torch is pinned to the CPU build this machine carries; triton 3.6.0 matches the H200 image (interpreted on CPU).
-$(STAMP): $(filter $(VENV)/bin/python,$(PY)) pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt \
+$(STAMP): $(filter $(VENV)/bin/python,$(PY)) pyproject.toml tests/sglang_v1/requirements-cpu.txt tests/sglang_v2/requirements-cpu.txt \
           $(wildcard tests/sglang_v2/requirements-cpu-*.txt)
 	@if ! [ -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v git >/dev/null \
 	    || ! command -v zstd >/dev/null; then \
@@ -36,7 +36,7 @@ $(STAMP): $(filter $(VENV)/bin/python,$(PY)) pyproject.toml tests/sglang/require
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,kernels]"
 	@# what `import sglang.srt.server_args` (0.5.11) needs for the patch set's CPU tests; no deps, so no CUDA torch
 	$(PY) -m pip install -q --disable-pip-version-check click pydantic requests orjson jsonschema jinja2 ipython
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r tests/sglang/requirements-cpu.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r tests/sglang_v1/requirements-cpu.txt
 	@# what the spec-v2 bases (0.5.14-0.5.17) import beyond that, in their own folder (tests/sglang_v2)
 	rm -rf .cache/sglang-v2-deps && $(PY) -m pip install -q --disable-pip-version-check --no-deps \
 	  --target .cache/sglang-v2-deps -r tests/sglang_v2/requirements-cpu.txt

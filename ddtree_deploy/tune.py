@@ -115,28 +115,38 @@ def _mean(values: list[float]) -> float:
 
 def fit(ms: list[Measurement], budgets: list[int], batch_sizes: list[int], stats: dict[str, Any] | None,
         depths: int, margin: float) -> dict[str, Any]:
-    """The schedule from the measurements: per (budget, batch) round ms, the chain's tokens per round, the profile."""
+    """The schedule from the measurements: per (budget, batch) round ms, the chain's tokens per round, the profile.
+
+    A (budget, batch) cell without a measurement is one the host could not run (a hybrid GatedDeltaNet target:
+    every tree node carries its own recurrent state, so large budgets do not fit at large batches): at that batch
+    size the fit only considers the budgets below the smallest missing one (``max_budget`` of the cost model)."""
     sched = schedule_module()
     by = {(m.config, m.batch): m for m in ms}
     round_ms = {(0, bs): by[("chain", bs)].round_ms for bs in batch_sizes}
-    round_ms.update({(b, bs): by[(f"ddtree-{b}", bs)].round_ms for b in budgets for bs in batch_sizes})
+    round_ms.update({(b, bs): by[(f"ddtree-{b}", bs)].round_ms for b in budgets for bs in batch_sizes
+                     if (f"ddtree-{b}", bs) in by})
+    limits = {bs: max([0] + [b for b in sorted(budgets) if all((c, bs) in round_ms for c in budgets if c <= b)])
+              for bs in batch_sizes}
     chain_tokens = _mean([by[("chain", bs)].accept_length or 1.0 for bs in batch_sizes])
     profile = accept_profile(stats, depths)
-    schedule = sched.fit_schedule(profile, round_ms, chain_tokens, batch_sizes, budgets, margin=margin)
+    schedule = sched.fit_schedule(profile, round_ms, chain_tokens, batch_sizes, budgets, margin=margin,
+                                  max_budget=limits)
     predicted = {b: round(sched.expected_tokens_per_round(b, profile), 3) for b in budgets}
     table = []
     for bs in batch_sizes:
         chosen = schedule.budget_for(bs)
         row: dict[str, Any] = {"batch": bs, "plain_tok_s": by[("plain", bs)].tok_s, "chain_tok_s": by[("chain", bs)].tok_s}
         for b in budgets:
-            row[f"b{b}_tok_s"] = by[(f"ddtree-{b}", bs)].tok_s
+            cell = by.get((f"ddtree-{b}", bs))
+            row[f"b{b}_tok_s"] = cell.tok_s if cell is not None else None  # None: did not fit at this batch
         row["chosen_budget"] = chosen
         row["schedule_tok_s"] = by[("chain" if chosen == 0 else f"ddtree-{chosen}", bs)].tok_s
         table.append(row)
     return {"schedule": str(schedule), "accept_profile": profile, "chain_tokens_per_round": round(chain_tokens, 3),
             "model_tokens_per_round": predicted,
             "measured_tokens_per_round": {b: round(_mean([by[(f"ddtree-{b}", bs)].accept_length or 1.0
-                                                          for bs in batch_sizes]), 3) for b in budgets},
+                                                          for bs in batch_sizes if (f"ddtree-{b}", bs) in by]), 3)
+                                          for b in budgets if any((f"ddtree-{b}", bs) in by for bs in batch_sizes)},
             "round_ms": [{"budget": b, "batch": bs, "ms": v} for (b, bs), v in sorted(round_ms.items())],
             "table": table}
 

@@ -34,7 +34,7 @@ TESTS = REPO / "tests"
 SANDBOX_FIXTURES = frozenset({"sandbox"})
 WHEEL_FIXTURES = frozenset({"base_wheel", "v2_trees", "wheel_env", "wheel_023", "wheel_011"})
 #: folders whose tests all work on patched SGLang trees (built from the real wheels)
-WHEEL_DIRS = (TESTS / "sglang", TESTS / "sglang_v2")
+WHEEL_DIRS = (TESTS / "sglang_v1", TESTS / "sglang_v2")
 
 #: (marker or node-id prefix, skip-reason pattern, why this skip is legitimate). Every other skip fails the run.
 ALLOWED_SKIPS: tuple[tuple[str, str, str], ...] = (

@@ -21,6 +21,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             q8b   : bench/e2e/models/mk_shapes.py (Qwen3-8B shape, z-lab b16 drafter shape; --load-format dummy, speed only)
             q36   : bench/e2e/models/mk_shapes.py (Qwen3.6-27B shape: GatedDeltaNet + gated attention hybrid served as
                     Qwen3_5ForConditionalGeneration, text only; z-lab Qwen3.6-27B-DFlash drafter shape; dummy weights)
+            prof / prof36: bench/e2e/models/mk_profile.py (the q8b / q36 shapes with a controlled acceptance profile:
+                    tok/s, not only round cost, means something; sampled at T = 1)
   ALGO      ar (no speculative decoding), chain (DFLASH), ddtree (DFLASH + --speculative-ddtree-budget),
             arv (no speculative decoding; hybrid GDN decode with the verify kernel's math, see config_env)
             ard (0.5.17, no speculative decoding; hybrid GDN decode through DDTree's tree kernels, see config_env)
@@ -34,6 +36,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
             bench/e2e/round_share.py (python -m bench.e2e.round_share)
+  -pN       pass N of a configuration measured more than once in a lease (interleaved with the others; the
+            report merges the passes' speed runs and shows each pass's median)
   -launch   launches and host µs per decode round of the worker (bench/e2e/round_stats_hook/sitecustomize.py in the
             scheduler process; summarised by bench/e2e/round_stats.py into the JSON's round_stats and the report)
 
@@ -47,6 +51,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -67,13 +72,18 @@ MODELSETS = {
     "q8b": ("q8b-target", "q8b-dflash"),  # Qwen3-8B shape + z-lab b16 drafter shape, --load-format dummy
     "prof": ("prof-target", "prof-dflash"),  # the same shapes with a controlled acceptance profile (models/mk_profile.py)
     "q36": ("q36-target", "q36-dflash"),  # Qwen3.6-27B shape + z-lab Qwen3.6-27B-DFlash shape, --load-format dummy
+    "prof36": ("prof36-target", "prof36-dflash"),  # the 27B shapes with the controlled acceptance profile
 }
-DUMMY_MODELSETS = ("q8b", "prof", "q36")
+DUMMY_MODELSETS = ("q8b", "prof", "q36", "prof36")
+#: The Qwen3.6-27B-shape model sets (most of the GPU each: memory fraction, mamba pool, text only)
+Q36_MODELSETS = ("q36", "prof36")
+#: Model sets with a controlled acceptance profile (bench/e2e/profile_weights, models/mk_profile.py)
+PROFILE_MODELSETS = ("prof", "prof36")
 #: Model sets whose speed workloads sample (temperature 1): the `prof` profile is a law over tokens, not a function.
-SAMPLED_SPEED_MODELSETS = {"prof": 1.0}
+SAMPLED_SPEED_MODELSETS = {"prof": 1.0, "prof36": 1.0}
 #: Which SGLang the run serves: 0.5.11 (spec-v1 DFlashWorker) or 0.5.17 (spec-v2 DFlashWorkerV2, overlap on).
 BASE = os.environ.get("E2E_BASE", "0.5.11")
-HYBRID_MODELSETS = ("hyb", "hyblive", "q36")
+HYBRID_MODELSETS = ("hyb", "hyblive", "q36", "prof36")
 BATCHES = (1, 4, 16)
 MAX_NEW = int(os.environ.get("E2E_MAX_NEW", "48"))
 SAMPLE_T = float(os.environ.get("E2E_SAMPLE_T", "2.5"))
@@ -112,6 +122,8 @@ def parse(name: str) -> dict:
             cfg["max_running"] = int(p[3:])  # e.g. to provoke the hybrid budget-memory start-up error
         elif p == "noradix":
             cfg["noradix"] = True
+        elif re.fullmatch(r"p\d+", p):
+            cfg["pass"] = int(p[1:])  # the same configuration measured again later in the lease (report merges)
     return cfg
 
 
@@ -163,7 +175,7 @@ def engine_kwargs(cfg: dict) -> dict:
         if "max_running" not in cfg:
             kw["max_running_requests"] = max(kw["max_running_requests"], max(SPEED_BATCHES))
         kw["mem_fraction_static"] = float(os.environ.get("E2E_MEM_FRACTION_BIG", "0.22"))
-    if cfg["modelset"] == "q36":
+    if cfg["modelset"] in Q36_MODELSETS:
         # 27B of weights, then the recurrent states: most of the GPU, most of the rest to the mamba pool (its
         # per-step verify scratch grows with the verify width), text only (no image processor), graphs for the
         # timed batches only.
@@ -177,8 +189,6 @@ def engine_kwargs(cfg: dict) -> dict:
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
     if cfg["algo"] == "ddtree":
         kw["speculative_ddtree_budget"] = cfg["budget"]
-        if BASE != "0.5.11" and cfg["modelset"] in HYBRID_MODELSETS:  # hybrids are opt-in on 0.5.17 (unproven)
-            kw["speculative_ddtree_allow_unproven"] = True
         if cfg.get("adapt"):
             kw["speculative_ddtree_adapt"] = True
     return kw
@@ -231,25 +241,102 @@ def profile_rounds(engine, profdir: Path, name: str, cfg: dict | None = None) ->
     return out
 
 
+#: A configuration's record while its engine starts, and while it runs its workloads: what stays if the process
+#: dies there (finish_record).
+START_CHECKPOINT = "engine start"
+RUN_CHECKPOINT = "workloads"
+#: The exception line of a Python traceback (the child's, printed into the configuration's log).
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?$")
+
+
+class EngineChildFailed(RuntimeError):
+    """A child process of the engine failed during start-up (it sent the driver SIGQUIT)."""
+
+
+def log_error(log: Path) -> str | None:
+    """The last exception line of a traceback in ``log`` (a child process's cause of death), or None."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    hits = [ln.strip() for ln in lines if _EXC_LINE.match(ln.strip())]
+    return hits[-1][:1000] if hits else None
+
+
+def _on_child_failure(signum, frame) -> None:  # noqa: ARG001 - a signal handler's signature
+    """SGLang's children SIGQUIT their parent when they fail; its own handler kills the whole process tree, the
+    driver with it, before the record is written. Ours ends the children only and raises in the main thread."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    raise EngineChildFailed("a child process of the engine failed during start-up (SIGQUIT)")
+
+
+def start_engine(cfg: dict, kw: dict):
+    """The configuration's engine: SGLang's, or the CPU stand-in (E2E_DRY_RUN=1). Either way a child failure
+    at start-up raises :class:`EngineChildFailed` here instead of killing this process."""
+    kw = {**kw, "custom_sigquit_handler": _on_child_failure}
+    if os.environ.get("E2E_DRY_RUN") == "1":  # CPU stand-in: checks the flow, not SGLang (dry_engine.py)
+        from bench.e2e.dry_engine import DryEngine
+
+        return DryEngine(cfg, kw["model_path"], sigquit_handler=kw["custom_sigquit_handler"])
+    import sglang as sgl
+
+    return sgl.Engine(**kw)
+
+
+def start_error(outdir: Path, name: str, exc: BaseException | None) -> str:
+    """What a failed start is recorded with: the child's exception line from the log when there is one (the
+    real cause, e.g. a ValueError of the model config), else the exception the start raised."""
+    if isinstance(exc, EngineChildFailed):
+        time.sleep(1.0)  # the child logs its traceback, then signals: let the log catch up
+    cause = log_error(outdir / "logs" / f"{name}.log")
+    own = f"{type(exc).__name__}: {exc}" if exc is not None else None
+    if exc is not None and not isinstance(exc, EngineChildFailed) and own:
+        return f"engine start: {own}"
+    return f"engine start: {cause or own or 'the process died before the engine came up'}"
+
+
+def finish_record(outdir: Path, name: str, rc: int | None, *, killed: bool = False) -> bool:
+    """After a configuration's process ended: if it left no record, or only the start checkpoint (it died while
+    the engine started, e.g. killed with its process tree), write the record with the error from its log; if it
+    died during its workloads, say so in the record. True when a record was written here."""
+    path = outdir / f"{name}.json"
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, ValueError):
+        res = {"config": parse(name), "ok": False, "workloads": {}, "checkpoint": START_CHECKPOINT}
+    why = "killed at the deadline" if killed else f"exit status {rc}"
+    if res.get("checkpoint") == START_CHECKPOINT:
+        res.update(ok=False, error=f"{start_error(outdir, name, None)} ({why})")
+        res.pop("checkpoint")
+    elif res.get("checkpoint") == RUN_CHECKPOINT and "error" not in res:
+        cause = log_error(outdir / "logs" / f"{name}.log")
+        res.update(ok=False, error=f"died during its workloads: {cause + ' ' if cause else ''}({why})")
+    else:  # a final record, or a later checkpoint (before profiling) that keeps its measurements
+        return False
+    path.write_text(json.dumps(res, indent=1))
+    return True
+
+
 def run_one(name: str, outdir: Path) -> int:
     cfg = parse(name)
     res: dict = {"config": cfg, "ok": False, "workloads": {}}
     t0 = time.perf_counter()
+    (outdir / f"{name}.json").write_text(json.dumps({**res, "checkpoint": START_CHECKPOINT}, indent=1))
     try:
-        kw = engine_kwargs(cfg)
-        if os.environ.get("E2E_DRY_RUN") == "1":  # CPU stand-in: checks the flow, not SGLang (dry_engine.py)
-            from bench.e2e.dry_engine import DryEngine
-
-            engine = DryEngine(cfg, kw["model_path"])
-        else:
-            import sglang as sgl
-
-            engine = sgl.Engine(**kw)
+        engine = start_engine(cfg, engine_kwargs(cfg))
     except BaseException as e:  # noqa: BLE001 - recorded, the orchestrator goes on
-        res["error"] = f"engine start: {type(e).__name__}: {e}"
+        res["error"] = start_error(outdir, name, e)
+        res["startup_s"] = round(time.perf_counter() - t0, 2)
         (outdir / f"{name}.json").write_text(json.dumps(res, indent=1))
         return 1
     res["startup_s"] = round(time.perf_counter() - t0, 2)
+    (outdir / f"{name}.json").write_text(json.dumps({**res, "checkpoint": RUN_CHECKPOINT}, indent=1))
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
         allp = prompts(16)
@@ -399,9 +486,9 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
         # first on the path: its sitecustomize runs the next one (gdn_unpacked_decode's, the bundle's) itself
         hooks.insert(0, str(Path(__file__).resolve().parent / "round_stats_hook"))
         env["DDTREE_ROUND_STATS"] = str(round_stats_dir(outdir, cfg["name"]))
-    if cfg["modelset"] == "prof":
+    if cfg["modelset"] in PROFILE_MODELSETS:
         hooks.append(str(Path(__file__).resolve().parent / "profile_weights"))
-        env["E2E_PROFILE_JSON"] = str(MODELS / "prof-target" / "profile.json")
+        env["E2E_PROFILE_JSON"] = str(MODELS / MODELSETS[cfg["modelset"]][0] / "profile.json")
     if hooks:
         # the hooks import bench.e2e.import_hook: the repository root goes last, so it shadows nothing
         rest = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
@@ -437,10 +524,14 @@ def orchestrate(outdir: Path, names: list[str], workers: int, deadline_s: float,
         for n, (p, ts, _) in list(running.items()):
             if p.poll() is not None:
                 print(f"[{time.time() - t0:6.1f}s] done {n} rc={p.returncode} ({time.time() - ts:.1f}s)", flush=True)
+                if finish_record(outdir, n, p.returncode):
+                    print(f"[{time.time() - t0:6.1f}s] {n}: died at engine start, recorded from its log", flush=True)
                 del running[n]
             elif time.time() - t0 > deadline_s:
                 p.kill()
                 print(f"[{time.time() - t0:6.1f}s] killed {n} (deadline)", flush=True)
+                p.wait()
+                finish_record(outdir, n, p.returncode, killed=True)
                 del running[n]
         started = True
         while queue and started and time.time() - t0 < deadline_s - 60:

@@ -10,6 +10,10 @@ tarballs, round_share, chisq, report), not SGLang: its outputs are what a lossle
 - start_profile / stop_profile: a small chrome trace with the frames, launches and kernels of a DDTree round.
 - `-launch` configurations: each decode round calls a stand-in worker's forward_batch_generation, wrapped by
   bench/e2e/round_stats_hook/sitecustomize.py as SGLang's worker is, so its files and summary are exercised.
+- E2E_DRY_FAIL_START=NAME[,NAME...]: those configurations fail at start-up as SGLang's engines do: a child process
+  prints a traceback ending in E2E_DRY_FAIL_ERROR (default: the 27B drafter's old sliding-window error) and sends
+  the parent SIGQUIT while the parent waits for it; the parent then runs the engine's SIGQUIT handler (the driver's,
+  or SGLang's default: kill the whole process tree, this process included; E2E_DRY_DEFAULT_SIGQUIT=1 forces it).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import gzip
 import json
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -55,9 +60,35 @@ def largest_budget(budget: object) -> int:
     return max(int(e.split(":")[-1]) for e in text.split(",")) or 1
 
 
+FAIL_ERROR = "ValueError: DFLASH sliding_attention layers require config.sliding_window."
+_CHILD = """import os, signal, sys, time
+sys.stderr.write("Traceback (most recent call last):\\n  File \\"scheduler.py\\", line 1, in run_scheduler_process\\n")
+sys.stderr.write(sys.argv[1] + "\\n"); sys.stderr.flush()
+os.kill(int(sys.argv[2]), signal.SIGQUIT)
+time.sleep(60)  # a child that lingers, as SGLang's detokenizer would: the handler must end it
+"""
+
+
+def _kill_tree(signum, frame) -> None:  # noqa: ARG001 - SGLang's launch-phase handler: the whole tree, parent too
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        child.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class DryEngine:
-    def __init__(self, cfg: dict, model_dir: str) -> None:
+    def __init__(self, cfg: dict, model_dir: str, sigquit_handler=None) -> None:
         self.cfg = cfg
+        if cfg["name"] in os.environ.get("E2E_DRY_FAIL_START", "").split(","):
+            import subprocess
+
+            default = os.environ.get("E2E_DRY_DEFAULT_SIGQUIT") == "1"  # as if the engine had no custom handler
+            signal.signal(signal.SIGQUIT, _kill_tree if default or sigquit_handler is None else sigquit_handler)
+            child = subprocess.Popen([sys.executable, "-c", _CHILD, os.environ.get("E2E_DRY_FAIL_ERROR", FAIL_ERROR),
+                                      str(os.getpid())])
+            child.wait()  # the engine waits for its scheduler's ready message; the signal ends the wait
+            raise RuntimeError("dry engine: the failing child exited without signalling")
         self.model_dir = Path(model_dir)
         self.tpr = 1.0 if cfg["algo"] == "ar" else 1.34 if cfg["algo"] == "chain" else 1.0 + math.log2(
             1 + largest_budget(cfg["budget"])) / 2

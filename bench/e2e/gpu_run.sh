@@ -15,6 +15,7 @@
 # TAG.md, TAG-raw.tgz (results, logs, the agree target's weights), and for `-prof` configurations
 # TAG-round-share.json (python -m bench.e2e.round_share), TAG-gdn-share.json (python -m bench.e2e.gdn_share: the
 # GatedDeltaNet verify's share of the round) and TAG-prof.tgz (the traces, if under 15 MB).
+# E2E_SETUP_ONLY=1: install the bundle and lay the overlay (as above), then stop (bench/e2e/hybrid17.sh gputests).
 # E2E_GPUS=0,1,2,3: spread the configurations over these GPUs (dummy-weight model sets one per GPU on all but the first,
 # the others on the first; bench/e2e/driver.py gpu_slot).
 set -u
@@ -23,6 +24,7 @@ export E2E_BASE=${E2E_BASE:-0.5.11}
 if [ "$E2E_BASE" = 0.5.11 ]; then B=$PWD/.e2e; else B=$PWD/.e2e17; fi
 OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
+export E2E_MODELS=${E2E_MODELS:-/tmp/models}; M=$E2E_MODELS  # where the models are made; the driver reads them there
 BUDGET=${E2E_BUDGET:-525}
 elapsed() { echo $(( $(date +%s) - T0 )); }
 needs() { echo ",$CONFIGS,$SEQ," | grep -q ",$1-"; }  # does any configuration use model set $1?
@@ -36,16 +38,21 @@ find /tmp/overlay/sglang -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
 export PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim SGLANG_IS_FLASHINFER_AVAILABLE=false PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ldconfig -p | grep -q 'libnuma.so.1 ' || export LD_LIBRARY_PATH=$B/numa${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+if [ "${E2E_SETUP_ONLY:-0}" = 1 ]; then  # the bundle installed with the overlay (/tmp/site, /tmp/overlay), nothing run
+  [ "$DRY" = 1 ] || python3 -c "import sglang, sglang.srt.speculative.ddtree_v2.hybrid; print('sglang', sglang.__version__, sglang.__file__)" 2>&1 | tail -2
+  echo "setup only $(elapsed)s"; exit 0
+fi
 # Models, in the background while the imports are checked: each set only when a configuration needs it and it is
 # missing (idempotent on a warm machine). tiny-qwen3 is the tokenizer base of all of them.
 (
   set -e
-  [ -d /tmp/models/agree-qwen3 ] || { python3 "$B/mk_models.py" /tmp/models; python3 -m bench.e2e.models.mk_agree /tmp/models /tmp/models; }
-  if needs big; then python3 -m bench.e2e.models.mk_big /tmp/models /tmp/models; fi
-  if { needs q8b || needs q36; } && [ ! -d /tmp/models/q36-target ]; then python3 -m bench.e2e.models.mk_shapes /tmp/models /tmp/models; fi
-  if needs prof && [ ! -d /tmp/models/prof-target ]; then python3 -m bench.e2e.models.mk_profile /tmp/models /tmp/models; fi
-  if needs hyb && [ ! -d /tmp/models/tiny-next ]; then python3 "$B/mk_hybrid.py" /tmp/models /tmp/models; fi
-  if needs hyblive && [ ! -d /tmp/models/live-next ]; then python3 -m bench.e2e.models.mk_hybrid_live /tmp/models /tmp/models; fi
+  [ -d $M/agree-qwen3 ] || { python3 "$B/mk_models.py" $M; python3 -m bench.e2e.models.mk_agree $M $M; }
+  if needs big; then python3 -m bench.e2e.models.mk_big $M $M; fi
+  # configs only (dummy weights): always rewritten, so a warm machine never serves an older config
+  if needs q8b || needs q36; then python3 -m bench.e2e.models.mk_shapes $M $M; fi
+  if needs prof || needs prof36; then python3 -m bench.e2e.models.mk_profile $M $M; fi
+  if needs hyb && [ ! -d $M/tiny-next ]; then python3 "$B/mk_hybrid.py" $M $M; fi
+  if needs hyblive && [ ! -d $M/live-next ]; then python3 -m bench.e2e.models.mk_hybrid_live $M $M; fi
 ) >> "$OUT/setup.log" 2>&1 &
 MK=$!
 if [ "$DRY" != 1 ]; then
@@ -94,9 +101,9 @@ fi
 if [ -n "$KC" ]; then wait $KC; echo "kernel check rc=$? at $(elapsed)s: $(tail -1 "$OUT/hybrid_v2_kernels.log" 2>/dev/null)" | tee -a "$OUT/orchestrate-$TAG.log"; fi
 python3 -m bench.e2e.driver report $R "$OUT/$TAG" > /dev/null
 cat "$OUT/$TAG.md"
-mkdir -p $R/models && for m in agree-qwen3 big-qwen3 prof-target; do  # small files that let the post-processing use the served weights
-  [ -d /tmp/models/$m ] || continue; mkdir -p $R/models/$m; cp /tmp/models/$m/*.json $R/models/$m/ 2>/dev/null
-  [ $m = agree-qwen3 ] && cp /tmp/models/$m/model.safetensors $R/models/$m/
+mkdir -p $R/models && for m in agree-qwen3 big-qwen3 prof-target prof36-target; do  # small files that let the post-processing use the served weights
+  [ -d $M/$m ] || continue; mkdir -p $R/models/$m; cp $M/$m/*.json $R/models/$m/ 2>/dev/null
+  [ $m = agree-qwen3 ] && cp $M/$m/model.safetensors $R/models/$m/
 done
 if [ -d $R/prof ]; then
   python3 -m bench.e2e.round_share $R "$OUT/$TAG-round-share.json" || echo "round_share failed"

@@ -74,7 +74,10 @@ Sections:
   V2 chain of the same graph mode; greedy batches 1/4/16.
 - `round_27b`: round milliseconds (un-profiled speed runs), tokens per round and tok/s of the chain and DDTree at the
   Qwen3.6-27B shape per batch, the GatedDeltaNet verify's share of the round's GPU kernel time (profiled rounds,
-  gdn_share), and the start-up memory check's largest budget for each server's max running requests.
+  gdn_share), and the start-up memory check's largest budget for each server's max running requests; rows of the
+  `prof36` model set (the same shapes with mk_profile's controlled acceptance) in their own table, with tok/s
+  against the chain of that set.
+- configurations that did not finish (an engine that died at start-up included), each with its error.
 """
 from __future__ import annotations
 
@@ -733,6 +736,9 @@ def pay(argv: list[str]) -> int:
 H17_BATCHES = (1, 4, 16)
 Q36_BATCHES = (1, 8, 16)
 Q36_ORDER = ("chain", 16, 32, 64, 128)
+#: the Qwen3.6-27B-shape model sets: random weights (round cost) and the controlled acceptance profile (tok/s)
+Q36_MODELSETS = ("q36", "prof36")
+CONTROLLED = ("prof36",)
 FITS = re.compile(r"DDTree hybrid: budget (\d+) fits .*\(largest that fits: (-?\d+) at (\d+) max running requests\)")
 
 
@@ -802,19 +808,44 @@ def _fits_from_logs(raw: Path) -> dict[str, dict]:
     return out
 
 
+PASS = re.compile(r"-p(\d+)$")
+
+
+def merge_passes(rs: dict) -> dict:
+    """Configurations measured in several passes of one lease (NAME-p1, NAME-p2, ...) as one NAME: their speed
+    runs concatenated (each run keeps its pass), ok only if every pass is, the first error."""
+    out: dict = {}
+    for name, d in sorted(rs.items()):
+        m = PASS.search(name)
+        if not m:
+            out[name] = d
+            continue
+        base = name[: m.start()]
+        cur = out.setdefault(base, {"config": {**d.get("config", {}), "name": base}, "ok": True, "workloads": {},
+                                    "passes": []})
+        cur["passes"].append(int(m.group(1)))
+        cur["ok"] = cur["ok"] and bool(d.get("ok"))
+        if d.get("error") and not cur.get("error"):
+            cur["error"] = d["error"]
+        for wl, runs in d.get("workloads", {}).items():
+            if wl.startswith("speed") and isinstance(runs, list):
+                cur["workloads"].setdefault(wl, []).extend({**r, "pass": int(m.group(1))} for r in runs)
+    return out
+
+
 def round_section(rs: dict, raw: Path) -> dict:
     shares = gdn_share.run(raw)
     fits = _fits_from_logs(raw)
     rows = []
-    for name, d in sorted(rs.items()):
+    for name, d in sorted(merge_passes(rs).items()):
         cfg = d.get("config", {})
-        if cfg.get("modelset") != "q36":
+        if cfg.get("modelset") not in Q36_MODELSETS:
             continue
         key = "chain" if cfg["algo"] == "chain" else cfg.get("budget")
         for bs in Q36_BATCHES:
             runs = d.get("workloads", {}).get(f"speed-bs{bs}")
-            row = {"config": name, "variant": key, "batch": bs, "max_running": cfg.get("max_running"),
-                   "ok": bool(d.get("ok")), "error": d.get("error")}
+            row = {"config": name, "modelset": cfg["modelset"], "variant": key, "batch": bs,
+                   "max_running": cfg.get("max_running"), "ok": bool(d.get("ok")), "error": d.get("error")}
             if runs:
                 rms = sorted(r["round_ms"] for r in runs if r.get("round_ms") is not None)
                 tps = sorted(r["tok_per_s"] for r in runs)
@@ -822,6 +853,12 @@ def round_section(rs: dict, raw: Path) -> dict:
                 a = sum((m.get("spec_accepted_drafts") or 0) for r in runs for m in r["meta"])
                 row.update(round_ms=rms[len(rms) // 2] if rms else None, round_ms_all=rms,
                            tok_per_s=tps[len(tps) // 2], tokens_per_round=round((a + v) / v, 3) if v else None)
+                if d.get("passes"):  # drift between the passes: each pass's median round
+                    by = {}
+                    for r in runs:
+                        if r.get("round_ms") is not None:
+                            by.setdefault(r["pass"], []).append(r["round_ms"])
+                    row["round_ms_by_pass"] = {str(k): sorted(v)[len(v) // 2] for k, v in sorted(by.items())}
             sh = shares.get(name, {}).get(f"bs{bs}")
             if sh:
                 row.update(gdn_verify_share=sh["gdn_verify_share"], gdn_commit_share=sh["gdn_commit_share"],
@@ -832,10 +869,13 @@ def round_section(rs: dict, raw: Path) -> dict:
                                   "states for more requests do not fit one H200 next to the 27B weights")
             if "round_ms" in row or "not_run" in row or row["error"]:
                 rows.append(row)
-    chain = {r["batch"]: r.get("round_ms") for r in rows if r["variant"] == "chain"}
+    chain = {(r["modelset"], r["batch"]): r for r in rows if r["variant"] == "chain"}
     for r in rows:
-        if r.get("round_ms") and chain.get(r["batch"]):
-            r["round_vs_chain"] = round(r["round_ms"] / chain[r["batch"]], 3)
+        c = chain.get((r["modelset"], r["batch"]), {})
+        if r.get("round_ms") and c.get("round_ms"):
+            r["round_vs_chain"] = round(r["round_ms"] / c["round_ms"], 3)
+        if r["modelset"] in CONTROLLED and r.get("tok_per_s") and c.get("tok_per_s"):
+            r["tok_per_s_vs_chain"] = round(r["tok_per_s"] / c["tok_per_s"], 3)
     return {"rows": rows, "memory_check": fits, "gdn_share": shares}
 
 
@@ -873,15 +913,35 @@ def render_hybrid17(s: dict) -> str:
           "| variant | batch | round ms | vs chain | tokens/round | tok/s | GDN verify share | max running |",
           "|---|---|---|---|---|---|---|---|"]
     order = {v: i for i, v in enumerate(Q36_ORDER)}
-    for r in sorted(s["round_27b"]["rows"], key=lambda r: (order.get(r["variant"], 99), r["batch"])):
+    rows = sorted(s["round_27b"]["rows"], key=lambda r: (order.get(r["variant"], 99), r["batch"]))
+    for r in (r for r in rows if r.get("modelset", "q36") not in CONTROLLED):
         if "not_run" in r:
             L.append(f"| {r['variant']} | {r['batch']} | not run | | | | | {r['max_running']} |")
             continue
         share = r.get("gdn_verify_share")
-        L.append(f"| {r['variant']} | {r['batch']} | {r.get('round_ms')} | {r.get('round_vs_chain')} | "
+        passes = r.get("round_ms_by_pass")
+        rms = r.get("round_ms") if not passes else f"{r.get('round_ms')} (passes: {' / '.join(map(str, passes.values()))})"
+        L.append(f"| {r['variant']} | {r['batch']} | {rms} | {r.get('round_vs_chain')} | "
                  f"{r.get('tokens_per_round')} | {r.get('tok_per_s')} | "
                  f"{'-' if share is None else f'{share:.1%}'} | {r['max_running']} |"
                  + ("" if r["ok"] else f" {r['error']}"))
+    controlled = [r for r in rows if r.get("modelset") in CONTROLLED]
+    if controlled:
+        L += ["", "## Qwen3.6-27B shape, controlled acceptance (models/mk_profile.py prof36, T = 1, CUDA graphs): "
+              "tok/s against the chain", "",
+              "| variant | batch | tok/s | vs chain | tokens/round | round ms | round vs chain | max running |",
+              "|---|---|---|---|---|---|---|---|"]
+        for r in controlled:
+            if "not_run" in r:
+                L.append(f"| {r['variant']} | {r['batch']} | not run | | | | | {r['max_running']} |")
+                continue
+            L.append(f"| {r['variant']} | {r['batch']} | {r.get('tok_per_s')} | {r.get('tok_per_s_vs_chain')} | "
+                     f"{r.get('tokens_per_round')} | {r.get('round_ms')} | {r.get('round_vs_chain')} | "
+                     f"{r['max_running']} |" + ("" if r["ok"] else f" {r['error']}"))
+    failed = {n: c for n, c in sorted(s.get("configs", {}).items()) if not c.get("ok")}
+    if failed:  # every configuration that did not finish, with its error (an engine that died at start-up too)
+        L += ["", "## Configurations that did not finish (start-up failures with the engine's error)", ""]
+        L += [f"- `{n}`: {c.get('error') or 'no error recorded'}" for n, c in failed.items()]
     if s["round_27b"]["memory_check"]:
         L += ["", "Start-up memory check (the server's log): " + "; ".join(
             f"{n}: " + (f"largest budget {v['largest_fit']} at {v['max_running']} requests" if "largest_fit" in v

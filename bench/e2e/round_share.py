@@ -9,9 +9,15 @@ host commit loop), and the scheduler runs in a subprocess, so CUDA events in the
 has every Python frame of the scheduler thread (`python_function`), every launch (`cuda_runtime` / `cuda_driver`) and
 every GPU activity (`kernel`, `gpu_memcpy`, `gpu_memset`) with the launch's correlation id. A GPU activity belongs to
 the innermost Python frame around its launch, and that frame's category is the first rule in RULES that matches it
-or one of its callers (innermost first). A round is one `dflash_worker.py: forward_batch_generation` call that drafts
-(`_prepare_for_speculative_decoding` inside it); prefill calls are left out. Kernels inside a replayed CUDA graph carry
-the graph launch's correlation, so they land in `target_forward` / `draft_forward`.
+or one of its callers (innermost first). A round is one `forward_batch_generation` call of the DFlash worker that
+drafts: on the spec-v1 worker of 0.5.11 (`dflash_worker.py`) it calls `_prepare_for_speculative_decoding`; on the
+spec-v2 worker of 0.5.14+ (`dflash_worker_v2.py`, the hybrid runs) the decode round is inline in that call, which
+calls `_ensure_draft_block_buffers` and runs the drafter's `model_runner.forward` itself (the target's goes through
+`tp_worker.py`), and DDTree's part of the round is `ddtree_v2/round.py` (`finish_round`). Prefill calls are left
+out. Kernels inside a replayed CUDA graph carry the graph launch's correlation, so they land in `target_forward` /
+`draft_forward`. On hybrids, the GatedDeltaNet layers' tree verify of an eager target forward
+(`ddtree_v2/hybrid.py`: `TreeVerify.forward`) is `gdn_tree_verify` and the accepted node's state commit
+(`hybrid.commit`) `hybrid_commit`; the runtime's tree-recurrent kernels take the category of their caller.
 
 Reported per trace and round: GPU time per category (sum of activity durations, and the busy union of the whole
 round), host time per category (exclusive Python time; inflated by the profiler's Python tracer, shares are what
@@ -32,17 +38,21 @@ from bench.e2e.e2e_files import open_raw
 # (category, test on (file, function)); the first match from the innermost frame outwards wins.
 RULES: list[tuple[str, object]] = [
     ("hybrid_commit", lambda f, fn: "ddtree_hybrid" in f or fn == "_update_target_mamba_state_after_verify"
-     or "tree_recurrent" in f),
-    ("draft_topk", lambda f, fn: fn == "ddtree_draft_topk" or "ddtree/topk" in f),
-    ("build_tree", lambda f, fn: "ddtree/tree" in f or fn.startswith("build_tree")),
-    ("verify_inputs", lambda f, fn: "ddtree/verify" in f or fn.startswith("build_verify_inputs")),
-    ("mask", lambda f, fn: fn == "build_ddtree_verify_mask" or fn.startswith("expand_tree_mask")),
-    ("sampling", lambda f, fn: fn == "sample_target_tokens_per_node" or "ddtree/sample" in f),
+     or ("ddtree_v2/hybrid" in f and fn == "commit")),
+    ("gdn_tree_verify", lambda f, fn: "ddtree_v2/hybrid" in f and fn in ("forward", "tree_layer", "gdn_gating")),
+    ("draft_topk", lambda f, fn: fn == "ddtree_draft_topk" or "ddtree/topk" in f or "ddtree_v2/draft_topk" in f),
+    ("build_tree", lambda f, fn: ("ddtree/tree" in f and "tree_recurrent" not in f) or fn.startswith("build_tree")),
+    ("verify_inputs", lambda f, fn: "ddtree/verify" in f or fn.startswith("build_verify_inputs")
+     or "ddtree_v2/verify_input" in f),
+    ("mask", lambda f, fn: fn == "build_ddtree_verify_mask" or fn.startswith("expand_tree_mask")
+     or ("ddtree_v2/round" in f and fn == "verify_mask")),
+    ("sampling", lambda f, fn: fn == "sample_target_tokens_per_node" or "ddtree/sample" in f
+     or "ddtree_v2/sampling" in f),
     ("walk", lambda f, fn: "ddtree/walk" in f or fn.startswith("accept_walk")),
     ("kv_compaction", lambda f, fn: fn == "accepted_kv_and_hidden_index" or "ddtree/compaction" in f),
     ("verify_prepare_other", lambda f, fn: fn == "prepare_for_verify" and "dflash_info" in f),
     ("verify_commit_other", lambda f, fn: fn == "verify" and "dflash_info" in f),
-    ("ddtree_glue", lambda f, fn: fn == "_prepare_ddtree_verify"),
+    ("ddtree_glue", lambda f, fn: fn == "_prepare_ddtree_verify" or "ddtree_v2/round" in f),
     ("draft_kv_append", lambda f, fn: fn == "_append_target_hidden_to_draft_kv"),
     ("model_forward", lambda f, fn: "model_runner" in f and fn in ("forward", "_forward_raw")),
     ("draft_other", lambda f, fn: fn == "_prepare_for_speculative_decoding"),
@@ -57,6 +67,9 @@ KERNEL_NAMES = {"_chunk_topk_kernel": "draft_topk", "_split_topk_kernel": "draft
                 "_ddtree_expand_mask_kernel": "mask", "_sample_kernel": "sampling", "_walk_kernel": "walk",
                 "_compaction_kernel": "kv_compaction"}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: A call of these inside the DFlash worker's forward_batch_generation makes it a decode round: spec-v1 (0.5.11)
+#: drafts in _prepare_for_speculative_decoding; spec-v2 (0.5.14+) sizes its draft block buffers first.
+ROUND_MARKERS = ("_prepare_for_speculative_decoding", "_ensure_draft_block_buffers")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
@@ -166,7 +179,7 @@ def analyse(events: list[dict]) -> dict:
                 pys[e["_parent"]]["_excl"] -= e["dur"]
         # rounds: the worker's forward_batch_generation that drafts; draft forwards: model forward under drafting
         for e in pys:
-            if split_frame(e["name"])[1] == "_prepare_for_speculative_decoding":
+            if split_frame(e["name"])[1] in ROUND_MARKERS:
                 j = e["_parent"]
                 while j is not None:
                     pf, pfn = split_frame(pys[j]["name"])
@@ -176,8 +189,9 @@ def analyse(events: list[dict]) -> dict:
                     j = pys[j]["_parent"]
         for e in pys:  # parents precede children in this order
             p = e["_parent"]
-            e["_in_draft"] = (p is not None and (pys[p].get("_in_draft") or
-                                                 split_frame(pys[p]["name"])[1] == "_prepare_for_speculative_decoding"))
+            e["_in_draft"] = p is not None and bool(
+                pys[p].get("_in_draft") or split_frame(pys[p]["name"])[1] == "_prepare_for_speculative_decoding"
+                or (pys[p].get("_is_round") and e["_rule"] == "model_forward"))  # spec-v2: the drafter's forward
         frames[key] = (pys, [e["ts"] for e in pys])
 
     rounds: dict[tuple, dict] = {}

@@ -108,3 +108,46 @@ def test_report_from_dry_results(tmp_path: Path):
     assert q[("chain", 1)]["gdn_verify_share"] == round(48 * 6 / (206 + 48 * 6 + 2), 4)
     assert s["round_27b"]["memory_check"]["q36-ddtree-b32-graph-mrr8-prof"]["largest_fit"] == 39
     assert "| 32 | 16 | not run |" in md
+
+
+def test_a_failed_engine_start_is_recorded_with_its_error(tmp_path: Path):
+    """An engine whose child dies at start-up (SGLang: the scheduler logs its traceback and SIGQUITs the parent)
+    leaves a record with the child's error instead of killing the driver: through the driver's own SIGQUIT handler,
+    and, where the process tree was killed anyway (SGLang's default handler), from the orchestrator reading the
+    log. The report lists both; the other configuration runs; no child of the failed engines is left."""
+    import psutil
+
+    raw = tmp_path / "raw"
+    marker = f"sliding_window ({tmp_path.name})"
+    failing = ["q36-ddtree-b16-graph-mrr16-prof", "q36-ddtree-b32-graph-mrr8-prof"]
+    env = {"E2E_DRY_RUN": "1", "E2E_SPEED_BATCHES": "1,8,16", "E2E_PROF_BATCHES": "1", "E2E_SPEED_TOKENS": "16",
+           "E2E_MODELS": str(tmp_path / "models"), "E2E_STAGGER": "0", "E2E_WORKERS": "1", "E2E_DEADLINE": "200",
+           "E2E_DRY_FAIL_START": ",".join(failing), "E2E_DRY_FAIL_ERROR": f"ValueError: DFLASH needs {marker}."}
+    names = ["q36-chain-graph-mrr16-prof", *failing]
+    for default in ("0", "1"):  # the driver's handler, then SGLang's default (the whole tree killed)
+        out = raw / default
+        r = subprocess.run([sys.executable, "-m", "bench.e2e.driver", "orchestrate", str(out), ",".join(names)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "E2E_BASE": "0.5.17", **env, "E2E_DRY_DEFAULT_SIGQUIT": default})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        recs = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
+        assert recs["q36-chain-graph-mrr16-prof"]["ok"]
+        for n in failing:
+            rec = recs[n]
+            assert not rec["ok"] and "checkpoint" not in rec, rec
+            assert rec["error"].startswith(f"engine start: ValueError: DFLASH needs {marker}."), rec["error"]
+            assert rec["config"]["name"] == n
+        if default == "1":
+            assert "died at engine start, recorded from its log" in r.stdout
+            assert all("(exit status -9)" in recs[n]["error"] for n in failing), recs
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
+    stem = tmp_path / "report" / "h"
+    stem.parent.mkdir()
+    r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "hybrid17", str(stem), str(raw / "0")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = stem.with_suffix(".md").read_text()
+    for n in failing:
+        assert f"- `{n}`: engine start: ValueError: DFLASH needs {marker}." in md, md
+    assert json.loads(stem.with_suffix(".json").read_text())["configs"][failing[0]]["ok"] is False

@@ -103,8 +103,103 @@ OPS = {
 ROUNDS = 3
 
 
-def _inject(events: list[dict]) -> list[dict]:
+# The spec-v2 worker of 0.5.17 on a hybrid target (names as in the patched tree: dflash_worker_v2.py's inline decode
+# round, ddtree_v2/round.py, the GDN layers' tree verify in ddtree_v2/hybrid.py, the commit through the worker).
+FILES_V2 = {
+    "sglang/srt/speculative/ddtree/tree.py": "def build_tree(x):\n    return torch.cumsum(x, 0)\n",
+    "sglang/srt/speculative/ddtree/walk.py": "def accept_walk(x):\n    return torch.argmax(x)\n",
+    "sglang/srt/speculative/ddtree/tree_recurrent_triton.py": """
+        def tree_gated_delta_rule(x):
+            return torch.erf(x)
+        def commit_tree_states_layers(x):
+            return torch.erfc(x)
+        """,
+    "sglang/srt/speculative/ddtree_v2/draft_topk.py": "def draft_topk(x):\n    return torch.topk(x, 2, dim=0).values\n",
+    "sglang/srt/speculative/ddtree_v2/sampling.py": "def target_tokens(x):\n    return torch.exp(x)\n",
+    "sglang/srt/speculative/ddtree_v2/hybrid.py": """
+        from sglang.srt.speculative.ddtree import tree_recurrent_triton as tr
+        class TreeVerify:
+            def forward(self, x):
+                return tr.tree_gated_delta_rule(x)
+        def commit(x):
+            return tr.commit_tree_states_layers(x)
+        """,
+    "sglang/srt/layers/attention/linear/gdn_backend.py": """
+        from sglang.srt.speculative.ddtree_v2 import hybrid
+        def forward_extend(x):
+            return hybrid.TreeVerify().forward(x)
+        """,
+    "sglang/srt/model_executor/model_runner.py": """
+        from sglang.srt.layers.attention.linear import gdn_backend
+        def forward(x, draft):
+            if draft:
+                return torch.sin(x)
+            gdn_backend.forward_extend(x)
+            return torch.cos(x)
+        """,
+    "sglang/srt/managers/tp_worker.py": """
+        from sglang.srt.model_executor import model_runner
+        def forward_batch_generation(x, prefill=False):
+            if prefill:
+                torch.floor(x)
+                return None
+            return model_runner.forward(x, False)
+        """,
+    "sglang/srt/speculative/ddtree_v2/round.py": """
+        from sglang.srt.managers import tp_worker
+        from sglang.srt.speculative.ddtree import tree, walk
+        from sglang.srt.speculative.ddtree_v2 import draft_topk, sampling
+        def verify_mask(x):
+            return torch.flip(x, [0])
+        def _finish_round(worker, x):
+            draft_topk.draft_topk(x)
+            tree.build_tree(x)
+            verify_mask(x)
+            torch.sqrt(x)
+            tp_worker.forward_batch_generation(x)
+            sampling.target_tokens(x)
+            walk.accept_walk(x)
+            return worker._update_target_mamba_state_after_verify(x)
+        def finish_round(worker, x):
+            return _finish_round(worker, x)
+        """,
+    "sglang/srt/speculative/dflash_worker_v2.py": """
+        import sys
+        from sglang.srt.managers import tp_worker
+        from sglang.srt.model_executor import model_runner
+        from sglang.srt.speculative.ddtree_v2 import hybrid, round as ddround
+        def _ensure_draft_block_buffers(bs):
+            return bs
+        def _update_target_mamba_state_after_verify(x):
+            return hybrid.commit(x)
+        def forward_batch_generation(x, prefill=False):
+            if prefill:
+                return tp_worker.forward_batch_generation(x, prefill=True)
+            _ensure_draft_block_buffers(4)
+            model_runner.forward(x, True)
+            ddround.finish_round(sys.modules[__name__], x)
+            return torch.ceil(x)
+        """,
+}
+OPS_V2 = {
+    "aten::topk": ("draft_topk", "_chunk_topk_kernel", 3.0, 1),
+    "aten::cumsum": ("build_tree", "_build_tree_kernel", 5.0, 1),
+    "aten::flip": ("mask", "_ddtree_expand_mask_kernel", 11.0, 1),
+    "aten::exp": ("sampling", "void at::native::exp_kernel", 13.0, 1),
+    "aten::argmax": ("walk", "_walk_kernel", 17.0, 1),
+    "aten::sqrt": ("ddtree_glue", "void at::native::sqrt_kernel", 31.0, 1),
+    "aten::sin": ("draft_forward", "void at::native::sin_kernel", 37.0, 1),
+    "aten::cos": ("target_forward", "void gemm_graph_node", 41.0, 3),
+    "aten::erf": ("gdn_tree_verify", "_tree_gdn_kernel", 59.0, 1),
+    "aten::erfc": ("hybrid_commit", "_commit_kernel", 61.0, 1),
+    "aten::ceil": ("round_other", "void at::native::ceil_kernel", 47.0, 1),
+    "aten::floor": ("prefill", "void at::native::floor_kernel", 53.0, 1),
+}
+
+
+def _inject(events: list[dict], ops_table: dict | None = None) -> list[dict]:
     """Add a launch inside every (outermost) step op and its GPU kernel(s), in the trace's own format."""
+    OPS = ops_table or globals()["OPS"]  # noqa: N806 - the table in use
     ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("name") in OPS), key=lambda e: e["ts"])
     outer = [e for e in ops if not any(o is not e and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"]
                                         and o["tid"] == e["tid"] for o in ops)]
@@ -122,10 +217,10 @@ def _inject(events: list[dict]) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory) -> list[dict]:
+def _profiled(tmp_path_factory, files: dict, worker_module: str, ops_table: dict) -> list[dict]:
+    """One prefill and ROUNDS decode rounds of the fake package's worker under the torch profiler, GPU injected."""
     root = tmp_path_factory.mktemp("fakepkg")
-    for rel, src in FILES.items():
+    for rel, src in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("import torch\n" + textwrap.dedent(src))
@@ -136,7 +231,7 @@ def trace(tmp_path_factory) -> list[dict]:
     for k in saved:
         del sys.modules[k]
     try:
-        worker = importlib.import_module("sglang.srt.speculative.dflash_worker")
+        worker = importlib.import_module(worker_module)
         x = torch.randn(4, 4)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
             worker.forward_batch_generation(x, prefill=True)
@@ -149,7 +244,30 @@ def trace(tmp_path_factory) -> list[dict]:
         for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[k]
         sys.modules.update(saved)
-    return _inject(json.loads(out.read_text())["traceEvents"])
+    return _inject(json.loads(out.read_text())["traceEvents"], ops_table)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> list[dict]:
+    return _profiled(tmp_path_factory, FILES, "sglang.srt.speculative.dflash_worker", OPS)
+
+
+@pytest.fixture(scope="module")
+def trace_v2(tmp_path_factory) -> list[dict]:
+    return _profiled(tmp_path_factory, FILES_V2, "sglang.srt.speculative.dflash_worker_v2", OPS_V2)
+
+
+def test_spec_v2_hybrid_rounds_are_found_and_split(trace_v2):
+    """0.5.17's worker has no _prepare_for_speculative_decoding (what spec-v1 rounds are found by): its decode round
+    is inline in forward_batch_generation. Every round is found, the drafter's forward is told from the target's,
+    and a hybrid target's GDN tree verify and state commit get their own categories."""
+    a = round_share.analyse(trace_v2)
+    assert a["method"] == "python-stacks" and a["rounds"] == ROUNDS, a.get("error")
+    want = {cat: dur * count for cat, _, dur, count in OPS_V2.values() if cat != "prefill"}
+    got = {c: v["gpu_us_per_round"] for c, v in a["categories"].items() if v["gpu_us_per_round"]}
+    assert got == pytest.approx(want)
+    assert a["ddtree_all"]["gpu_us_per_round"] == pytest.approx(
+        sum(want[c] for c in round_share.DDTREE_ALL if c in want))
 
 
 def test_trace_has_the_real_format(trace):

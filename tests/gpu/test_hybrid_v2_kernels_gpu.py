@@ -487,7 +487,17 @@ def run(cases, shapes, device) -> dict:
 
 
 def test_hybrid_v2_kernels_gpu():  # pytest entry on a GPU host
-    assert run(GPU_CASES, QWEN36, "cuda")["ok"]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sglang_on_path import skip_reason
+
+    why = skip_reason("0.5.17")  # the 0.5.17 series' patch 0004 with spec-v2/hybrid.py
+    if why:
+        pytest.skip(why)
+    res = run(GPU_CASES, QWEN36, "cuda")
+    if os.environ.get("OUT"):  # the same JSON as the script mode's, for python -m bench.e2e.report hybrid17 --kernels
+        with open(os.path.join(os.environ["OUT"], "hybrid_v2_kernels.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    assert res["ok"], [c for c in res["cases"] if not c["ok"]]
 
 
 def main() -> int:

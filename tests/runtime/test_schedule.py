@@ -198,3 +198,69 @@ def test_default_schedule_from_the_h200_table():
     sched = S.default_schedule([1, 2, 4, 8, 32], accept_profile=bushy)
     assert str(sched) == "1:64,4:32,8:16"
     assert S.parse_schedule(str(sched)) == sched
+
+
+# -- hybrid GatedDeltaNet targets -------------------------------------------------------------------------------------
+
+def test_max_budget_bounds_the_candidates_per_batch_size():
+    """A budget whose per-node states do not fit at a batch size is no candidate there and needs no cost; a batch
+    size missing from the limits takes the next larger one's (more requests never fit more nodes)."""
+    prof = [[0.6, 0.3, 0.05]] * 15
+    costs = {(0, 1): 10.0, (0, 4): 12.0, (0, 8): 14.0, (16, 1): 10.1, (64, 1): 10.2, (16, 4): 12.1, (16, 8): 14.1}
+    chain = S.chain_tokens_per_round(prof)
+    sched = S.fit_schedule(prof, costs, chain, [1, 4, 8], [16, 64], max_budget={1: 100, 8: 20})
+    assert str(sched) == "1:64,4:16"  # b64 at 4 requests is bounded by the limit at 8 (20): no cost asked for it
+    with pytest.raises(S.ScheduleError, match="no round cost for budget 64 at batch size 4"):
+        S.fit_schedule(prof, costs, chain, [1, 4, 8], [16, 64], max_budget={1: 100, 4: 64, 8: 20})
+    assert str(S.fit_schedule(prof, costs, chain, [1, 4, 8], [16, 64], max_budget={1: 0, 8: 0})) == "1:0"
+
+
+def test_gdn_verify_cost_per_node_from_the_measured_shares():
+    """The H200 27B-shape figures: GDN verify 11 % of the chain's round (16 tokens) and 47 % of b128's (129 nodes)
+    at batch 1: 0.150 ms per verified node; the hybrid table's rows are the measured ratios to the chain."""
+    per = S.gdn_verify_ms_per_node()
+    assert per == pytest.approx((0.47 * 20.89 * 1.96 - 0.11 * 20.89) / (129 - 16))
+    assert 0.14 < per < 0.16
+    t = S.HYBRID_ROUND_MS
+    assert t[16][1] / t[0][1] == pytest.approx(1.03) and t[16][16] / t[0][16] == pytest.approx(1.18)
+    assert t[128][1] / t[0][1] == pytest.approx(1.96) and set(t[128]) == {1}  # b128 fits one request only
+    # the model for an unmeasured host: the dense table plus the GDN verify of every node and request
+    dense = S.interpolate_round_ms(S.DEFAULT_ROUND_MS, 64, 8)
+    assert S.hybrid_round_ms(S.DEFAULT_ROUND_MS, 64, 8, gdn_ms_per_node=per) == pytest.approx(dense + per * 65 * 8)
+    assert S.hybrid_round_ms(S.DEFAULT_ROUND_MS, 0, 1, gdn_ms_per_node=per) == pytest.approx(7.95 + per * 16)
+
+
+def test_auto_on_a_hybrid_target():
+    """`auto` on a hybrid: the hybrid table, each budget only where it fits and was measured. Under the assumed
+    profile no tree pays its GDN-heavy round (the chain everywhere); a sharper drafter buys b128 at batch 1 only
+    and b16 where a tree of 16 still fits, never an unmeasured cell."""
+    assert str(S.default_schedule(range(1, 513), hybrid=True)) == "1:0"
+    assert str(S.default_schedule(range(1, 513))) == "1:64,2:0"  # the dense table is unchanged
+    sharp = [[0.6, 0.3, 0.05]] * 15
+    sched = S.default_schedule([1, 2, 4, 8, 16, 32], accept_profile=sharp, hybrid=True)
+    assert sched.budget_for(1) > 16
+    for bs in (2, 4, 8, 16, 32):
+        b = sched.budget_for(bs)
+        assert b == 0 or (b <= S._limit_at(S.HYBRID_MAX_BUDGET, bs) and max(S.HYBRID_ROUND_MS[b]) >= bs), (bs, b)
+    assert sched.budget_for(32) == 0  # no budget was measured at 32 requests
+
+
+def test_tune_fit_on_a_hybrid_host_with_cells_that_did_not_fit():
+    """tune's fit (ddtree_deploy/tune.py) with the cells a hybrid host could not run left out: those budgets are no
+    candidates at those batch sizes; the table shows them as None."""
+    from types import SimpleNamespace as M
+
+    from ddtree_deploy import tune as tune_mod
+
+    def m(config, batch, round_ms, tok_s, accept=None):
+        return M(config=config, batch=batch, round_ms=round_ms, tok_s=tok_s, accept_length=accept)
+
+    ms = [m("plain", 1, 5.0, 200.0), m("plain", 8, 6.0, 1300.0), m("chain", 1, 10.0, 400.0, 4.0),
+          m("chain", 8, 14.0, 2200.0, 4.0), m("ddtree-16", 1, 10.2, 520.0, 5.3), m("ddtree-16", 8, 15.0, 2600.0, 5.3),
+          m("ddtree-64", 1, 11.0, 560.0, 6.1)]  # b64 did not fit at 8 requests
+    stats = {"depth_reached": [100, 80], "rank_hits": [[80, 10], [60, 8]]}
+    res = tune_mod.fit(ms, [16, 64], [1, 8], stats, depths=2, margin=0.0)
+    assert {(r["budget"], r["batch"]) for r in res["round_ms"]} == {(0, 1), (0, 8), (16, 1), (16, 8), (64, 1)}
+    row8 = next(r for r in res["table"] if r["batch"] == 8)
+    assert row8["b64_tok_s"] is None and row8["chosen_budget"] in (0, 16)
+    assert res["measured_tokens_per_round"] == {16: 5.3, 64: 6.1}

@@ -114,8 +114,8 @@ def gdn(kernels=(Triton, Triton, Triton), flashinfer=False, ddtree=True):
     return g
 
 
-def check(mr, allow=False):
-    rnd = DDTreeRound(NS(speculative_ddtree_budget=16, speculative_ddtree_allow_unproven=allow), block_size=16)
+def check(mr):
+    rnd = DDTreeRound(NS(speculative_ddtree_budget=16), block_size=16)  # no flag beside the budget
     try:
         rnd.check_target(mr, is_hybrid=True)
         return {"ok": True, "hybrid": rnd.hybrid}
@@ -125,7 +125,6 @@ def check(mr, allow=False):
 
 out = {}
 out["gdn"] = check(runner(gdn()))
-out["gdn_allowed"] = check(runner(gdn()), allow=True)
 if sys.argv[1] == "0.5.17":
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.lightning_backend import LightningAttentionBackend
@@ -178,13 +177,13 @@ def test_unsupported_hybrids_are_refused_at_start_up(refusals, case, words):
         assert w in got["msg"], (w, got["msg"])
 
 
-def test_gdn_hybrid_opt_in_on_0517_refused_on_0516(refusals):
-    """Wired on 0.5.17 but not proven on a GPU (greedy output differed from the chain there): refused by default with
-    the reason, run with --speculative-ddtree-allow-unproven; 0.5.16 has no patch 0004 and refuses always."""
-    default = refusals["0.5.17"]["gdn"]
-    assert not default["ok"] and "is not proven with GatedDeltaNet hybrid targets" in default["msg"], default
-    assert "--speculative-ddtree-allow-unproven" in default["msg"] and "hybrid-0.5.17-h200" in default["msg"]
-    assert refusals["0.5.17"]["gdn_allowed"] == {"ok": True, "hybrid": True}
+def test_gdn_hybrid_on_by_default_on_0517_refused_on_0516(refusals):
+    """A GatedDeltaNet hybrid with the triton GDN kernels starts on 0.5.17 with the budget alone (no
+    --speculative-ddtree-allow-unproven: the ard run and the ties analysis proved it lossless); the worker branches
+    its state (.hybrid). 0.5.16 has no patch 0004 and refuses it with the reason."""
+    assert refusals["0.5.17"]["gdn"] == {"ok": True, "hybrid": True}
+    old = refusals["0.5.16"]["gdn_unpatched"]
+    assert not old["ok"] and "SGLang 0.5.17 only" in old["msg"], old
     old = refusals["0.5.16"]["gdn_unpatched"]
     assert not old["ok"] and "SGLang 0.5.17 only" in old["msg"], old
 
@@ -259,15 +258,19 @@ print("RESULT" + json.dumps(out))
 '''
 
 
+#: a block-16 DFlash drafter for NEXT_TARGET (configs only: server arguments read no more)
+NEXT_DRAFTER = dict(architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
+                    intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=32, layer_types=["full_attention"], num_target_layers=4, block_size=16,
+                    max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16",
+                    tie_word_embeddings=False, dflash_config={"block_size": 16, "target_layer_ids": [0, 2],
+                                                              "mask_token": "<|mask|>", "mask_token_id": 3})
+
+
 @pytest.fixture(scope="module")
 def hybrid_args(v2_trees, tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("hybrid-args")
-    tgt, drf = model_dirs(work, NEXT_TARGET, dict(
-        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=512, hidden_size=128,
-        intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        layer_types=["full_attention"], num_target_layers=4, block_size=16, max_position_embeddings=4096,
-        rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="bfloat16", tie_word_embeddings=False,
-        dflash_config={"block_size": 16, "target_layer_ids": [0, 2], "mask_token": "<|mask|>", "mask_token_id": 3}))
+    tgt, drf = model_dirs(work, NEXT_TARGET, NEXT_DRAFTER)
     return _result(run_python(v2_trees("0.5.17"), work, ARGS, str(tgt), str(drf), fake_cuda=True))
 
 
@@ -296,6 +299,31 @@ def test_memory_check_boundary_names_the_largest_budget(hybrid_args, case):
         assert x["share"] == 1.0 and x["ratio"] == 1  # explicit sizes: the whole rest; one slot per request
     else:
         assert x["share"] < 1.0
+
+
+AUTO = r"""
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt import server_args as _S
+from sglang.srt.speculative.ddtree import schedule as SCHED
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+tgt, drf = sys.argv[1], sys.argv[2]
+sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--attention-backend", "triton",
+                          "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
+                          "--speculative-draft-model-path", drf, "--speculative-ddtree-budget", "auto",
+                          "--max-running-requests", "8", "--disable-radix-cache"])
+print("RESULT" + json.dumps({"schedule": sa.speculative_ddtree_schedule,
+                             "hybrid": str(SCHED.default_schedule(range(1, 513), block_size=16, hybrid=True)),
+                             "dense": str(SCHED.default_schedule(range(1, 513), block_size=16))}))
+"""
+
+
+def test_auto_prices_a_hybrid_target_with_the_hybrid_table(v2_trees, tmp_path: Path):
+    """`--speculative-ddtree-budget auto` on a GatedDeltaNet hybrid resolves with the hybrid cost table (its GDN
+    verify grows with every node, budgets bounded by what fits), not the dense one."""
+    tgt, drf = model_dirs(tmp_path, NEXT_TARGET, NEXT_DRAFTER)
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, AUTO, str(tgt), str(drf), fake_cuda=True))
+    assert got["schedule"] == got["hybrid"] != got["dense"], got
 
 
 def test_memory_check_when_not_even_the_root_fits(hybrid_args):
@@ -328,6 +356,27 @@ def test_hooks_sit_where_the_base_reads_them(v2_trees):
 
 # ------------------------------------------------------------------------------------------ 5. the 27B shape
 
+# The set-up the scripts below share: one rank, on CPU, as the H200 would resolve arguments.
+ONE_RANK = r"""
+import types
+from sglang.srt import server_args as _S
+from sglang.srt.distributed import parallel_state as ps
+from sglang.srt.layers import dp_attention as _dp
+from sglang.srt.layers.rotary_embedding import base as _rope
+
+_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
+# one-rank stand-ins for the process groups the model code asks for its TP size (world of one: TP 1)
+_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
+                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
+                           unique_name="one")
+for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
+    setattr(ps, n, _g)
+_dp._ATTN_DP_RANK, _dp._ATTN_DP_SIZE = 0, 1  # no DP attention
+# the rotary embedding's native path (this torch reports a fake CUDA without a CUDA build: its fused kernel is
+# looked for in vllm otherwise); nothing else differs from the GPU's construction
+_rope._is_cpu = True
+"""
+
 Q36 = r'''
 import json, sys
 from sglang.srt import server_args as _S
@@ -338,7 +387,6 @@ from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
 from sglang.srt.speculative.dflash_utils import get_dflash_layer_types, parse_dflash_draft_config
 from sglang.srt.speculative.ddtree_v2 import hybrid
 
-_S.is_cuda = lambda: True  # as on the H200, for the argument rules only (see test 3)
 tgt, drf = sys.argv[1], sys.argv[2]
 sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy", "--attention-backend",
                           "triton", "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
@@ -346,14 +394,6 @@ sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-
                           "--mamba-radix-cache-strategy", "extra_buffer", "--max-running-requests", "16",
                           "--mamba-full-memory-ratio", "8.0"])
 get_context().set_server_args(sa)
-# one-rank stand-ins for the process groups the state-size code asks for its TP size (world of one: TP 1)
-import types
-from sglang.srt.distributed import parallel_state as ps
-_g = types.SimpleNamespace(world_size=1, rank=0, rank_in_group=0, local_rank=0, ranks=[0], is_first_rank=True,
-                           is_last_rank=True, first_rank=0, last_rank=0, device_group=None, cpu_group=None,
-                           unique_name="one")
-for n in ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_DCP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP"):
-    setattr(ps, n, _g)
 mc = ModelConfig.from_server_args(sa)
 dc = ModelConfig.from_server_args(sa, model_path=drf, is_draft_model=True)
 gdn = hybrid_gdn_config(mc)
@@ -383,7 +423,7 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
     (base / "tiny-qwen3").mkdir(parents=True)
     subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_shapes", str(tmp_path / "m"), str(base)], check=True,
                    cwd=REPO, capture_output=True)
-    got = _result(run_python(v2_trees("0.5.17"), tmp_path, Q36, str(tmp_path / "m/q36-target"),
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, ONE_RANK + Q36, str(tmp_path / "m/q36-target"),
                              str(tmp_path / "m/q36-dflash"), fake_cuda=True))
     assert got["arch"] == ["Qwen3_5ForConditionalGeneration"] and got["gdn"]
     assert (got["layers"], got["hidden"], got["linear_layers"]) == (64, 5120, 48)
@@ -397,6 +437,140 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
     # the e2e q36 configurations (bench/e2e/hybrid17.sh): b16 at 16 requests, b32 at 8, b64 at 4, b128 at 1
     assert fits[16] >= 16 and fits[8] >= 32 and fits[4] >= 64 and fits[1] >= 128
     assert fits[16] < 32 and fits[8] < 64 and fits[4] < 128, "the cells left out really do not fit"
+
+
+DRAFTER = r"""
+import json, sys
+import torch, transformers
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.models.dflash import DFlashDraftModel
+
+tgt = sys.argv[1]
+out = {"transformers": transformers.__version__}
+for name, drf in (("generated", sys.argv[2]), ("without_use_sliding_window", sys.argv[3])):
+    try:
+        sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy",
+                                  "--attention-backend", "triton", "--grammar-backend", "none",
+                                  "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drf,
+                                  "--speculative-ddtree-budget", "16", "--max-running-requests", "16"])
+        get_context().set_server_args(sa)
+        hf = ModelConfig.from_server_args(sa, model_path=drf, is_draft_model=True).hf_config
+        rec = {"config": type(hf).__name__, "sliding_window": hf.sliding_window, "layer_types": list(hf.layer_types)}
+        with torch.device("meta"):  # the drafter's modules at full size, without memory
+            model = DFlashDraftModel(hf)
+        rec["layers"] = [[layer.self_attn.attn.sliding_window_size, layer.self_attn.attn.attn_type.name]
+                         for layer in model.layers]
+        rec["params"] = sum(p.numel() for p in model.parameters())
+        out[name] = {"ok": True, **rec}
+    except Exception as e:
+        out[name] = {"ok": False, "msg": f"{type(e).__name__}: {e}"}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_qwen36_27b_drafter_keeps_its_sliding_window_and_builds(v2_trees, tmp_path: Path):
+    """The 27B-shape drafter of mk_shapes.py, read by SGLang 0.5.17 through transformers 5.12.1 (the version
+    0.5.17 pins, the one in the 0.5.17 GPU bundle's wheels and in the spec-v2 dependency folder), keeps its 2048
+    window, and SGLang's DFlashDraftModel builds its five layers (on the meta device): four sliding layers with
+    window_left 2047, one full non-causal layer. The same config without ``use_sliding_window`` is what the engines
+    died of on the H200: transformers drops the window and SGLang refuses the sliding layers."""
+    import subprocess
+    import sys
+
+    from v2_helpers import pinned
+
+    base = tmp_path / "base"
+    (base / "tiny-qwen3").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_shapes", str(tmp_path / "m"), str(base)], check=True,
+                   cwd=REPO, capture_output=True)
+    drafter = tmp_path / "m" / "q36-dflash"
+    cfg = json.loads((drafter / "config.json").read_text())
+    assert cfg["use_sliding_window"] is True and cfg["sliding_window"] == 2048
+    old = tmp_path / "old-dflash"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "use_sliding_window"}))
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, ONE_RANK + DRAFTER, str(tmp_path / "m" / "q36-target"),
+                             str(drafter), str(old), fake_cuda=True))
+    assert got["transformers"] == pinned("0.5.17", "transformers") == "5.12.1"
+    gen = got["generated"]
+    assert gen["ok"], gen
+    assert gen["config"] == "Qwen3Config" and gen["sliding_window"] == 2048
+    assert gen["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert gen["layers"] == [[2047, "DECODER"]] * 4 + [[-1, "ENCODER_ONLY"]]
+    assert gen["params"] > 5 * 5120 * 17408 * 3, "the layers are built at the 27B drafter's width"
+    bad = got["without_use_sliding_window"]
+    assert not bad["ok"] and "DFLASH sliding_attention layers require config.sliding_window" in bad["msg"], bad
+
+
+PROFILE36 = r"""
+import json, runpy, sys
+import torch
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.models.qwen3_5 import Qwen3_5ForCausalLM
+
+tgt, drf, hook = sys.argv[1], sys.argv[2], sys.argv[3]
+sa = prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--load-format", "dummy", "--attention-backend",
+                          "triton", "--grammar-backend", "none", "--speculative-algorithm", "DFLASH",
+                          "--speculative-draft-model-path", drf, "--speculative-ddtree-budget", "16",
+                          "--max-running-requests", "4"])
+get_context().set_server_args(sa)
+text = ModelConfig.from_server_args(sa).hf_config.text_config  # the 27B's text config, shrunk (not its layout)
+for k, v in dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+                 linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=2048).items():
+    setattr(text, k, v)
+model = Qwen3_5ForCausalLM(text)
+profile = json.loads(open(tgt + "/profile.json").read())
+H = runpy.run_path(hook)  # bench/e2e/profile_weights/sitecustomize.py (without E2E_PROFILE_JSON: no import hook)
+with torch.no_grad():
+    for _, p in model.named_parameters():
+        p.normal_()
+    for m in model.modules():
+        if hasattr(m, "gemma_weight"):
+            m.gemma_weight.normal_()
+done = H["apply_profile"](model, profile)
+P = dict(model.named_parameters())
+gemma = [m for m in model.modules() if type(m).__name__ == "GemmaRMSNorm"]
+zero = [n for n in P if n.endswith(("o_proj.weight", "down_proj.weight", "out_proj.weight"))]
+u = torch.zeros(1, 64)
+u[0, 0] = 1.0
+h = model.norm.forward_native(u.to(torch.bfloat16)).float()
+print("RESULT" + json.dumps({
+    "set": len(done), "gemma": len(gemma), "gemma_weight_zero": all(bool((m.weight == 0).all()) for m in gemma),
+    "gemma_scale_one": all(bool((m.gemma_weight == 1).all()) for m in gemma if hasattr(m, "gemma_weight")),
+    "zeroed": sorted(zero), "all_zero": all(bool((P[n] == 0).all()) for n in zero),
+    "embed_e0": bool((P["embed_tokens.weight"][:, 0] == 1).all() and (P["embed_tokens.weight"][:, 1:] == 0).all()),
+    "norm_out": [float(h[0, 0]), float(h[0, 1:].abs().max())]}))
+"""
+
+
+def test_prof36_profile_holds_on_the_real_qwen36_layers(v2_trees, tmp_path: Path):
+    """The controlled-acceptance hook (bench/e2e/profile_weights) on SGLang 0.5.17's own Qwen3.5/3.6 model classes
+    (text model shrunk to hidden 64, its 3 GatedDeltaNet + 1 gated-attention layer pattern kept): every layer's
+    output projection is zero (the GDN layers' out_proj included), every Gemma-style norm scales by one, the
+    embedding is e0, so the final norm maps u = e0 to h0 e0 as models/mk_profile.py computes the logits from."""
+    import subprocess
+    import sys
+
+    base = tmp_path / "base"
+    (base / "tiny-qwen3").mkdir(parents=True)
+    for mod in ("mk_shapes", "mk_profile"):
+        subprocess.run([sys.executable, "-m", f"bench.e2e.models.{mod}", str(tmp_path / "m"), str(base)], check=True,
+                       cwd=REPO, capture_output=True)
+    prof = json.loads((tmp_path / "m" / "prof36-target" / "profile.json").read_text())
+    assert (prof["hidden_size"], prof["vocab_size"]) == (5120, 248320)
+    got = _result(run_python(v2_trees("0.5.17"), tmp_path, ONE_RANK + PROFILE36, str(tmp_path / "m" / "prof36-target"),
+                             str(tmp_path / "m" / "prof36-dflash"),
+                             str(REPO / "bench/e2e/profile_weights/sitecustomize.py"), fake_cuda=True))
+    assert got["gemma"] > 0 and got["gemma_weight_zero"] and got["gemma_scale_one"], got
+    assert got["all_zero"] and sum(".linear_attn.out_proj." in n for n in got["zeroed"]) == 3, got["zeroed"]
+    assert sum(n.endswith(".o_proj.weight") for n in got["zeroed"]) == 1 and got["embed_e0"], got
+    h0 = 1.0 / (1.0 / 64 + 1e-6) ** 0.5  # mk_profile.realised_logits' h0 at hidden 64 (bf16 output)
+    assert abs(got["norm_out"][0] - h0) <= 0.01 * h0 and got["norm_out"][1] == 0.0, got["norm_out"]
 
 
 # ------------------------------------------------------------------------------------------ 6. the `ard` reference

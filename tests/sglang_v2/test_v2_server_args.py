@@ -58,6 +58,13 @@ CASES = {
     "sched_adapt": ["--speculative-ddtree-budget", "1:2,4:0", "--speculative-ddtree-adapt"],
     "b2_adapt": ["--speculative-ddtree-budget", "2", "--speculative-ddtree-adapt"],
     "adapt_alone": ["--speculative-ddtree-adapt"],
+    # flags that would do nothing (refused with the reason; the schedule flag exists on 0.5.17 only)
+    "unproven_alone": ["--speculative-ddtree-allow-unproven"],
+    "unproven_idle": ["--speculative-ddtree-budget", "15", "--speculative-ddtree-allow-unproven"],
+    "grammar_allowed": ["--speculative-ddtree-budget", "15", "--grammar-backend", "xgrammar",
+                        "--speculative-ddtree-allow-unproven"],
+    "schedule_alone": ["--speculative-ddtree-schedule", "1:15,4:0"],
+    "schedule_beside_budget": ["--speculative-ddtree-budget", "15", "--speculative-ddtree-schedule", "1:15,4:0"],
 }
 out = {}
 for name, extra in CASES.items():
@@ -88,6 +95,17 @@ try:
     out["eagle"] = {"ok": True}
 except Exception as e:
     out["eagle"] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
+# resolved arguments resolved again (a ServerArgs rebuilt from its fields): the recorded schedule is kept
+import dataclasses
+from sglang.version import __version__ as version
+try:
+    sa = prepare_server_args(common + ["--speculative-ddtree-budget", "1:15,4:0" if version == "0.5.17" else "15"])
+    again = S.ServerArgs(**{f.name: getattr(sa, f.name) for f in dataclasses.fields(sa) if f.init})
+    out["reresolved"] = {"ok": True, "budget": again.speculative_ddtree_budget,
+                         "num_draft_tokens": again.speculative_num_draft_tokens,
+                         "schedule": getattr(again, "speculative_ddtree_schedule", None)}
+except Exception as e:
+    out["reresolved"] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 from types import SimpleNamespace
 from sglang.srt.speculative.ddtree_v2.config import kv_reservation, draft_width
 from sglang.srt.speculative.ddtree import schedule as SCHED
@@ -243,3 +261,45 @@ def test_adaptation_flag(v2_base, resolved):
     assert resolved["b2"]["num_draft_tokens"] == 3  # without adaptation: the tree's width
     c = resolved["adapt_alone"]
     assert not c["ok"] and "--speculative-ddtree-adapt needs --speculative-ddtree-budget" in c["msg"], c
+
+
+@pytest.mark.parametrize("case,words", [
+    ("unproven_alone", ["--speculative-ddtree-allow-unproven does nothing without --speculative-ddtree-budget"]),
+    ("unproven_idle", ["--speculative-ddtree-allow-unproven does nothing here", "gates only",
+                       "--attention-backend flashinfer"]),
+])
+def test_flags_that_do_nothing_are_refused(resolved, case, words):
+    """--speculative-ddtree-allow-unproven alone, or where nothing it gates is in use (triton, TP 1, no grammar,
+    no draft window), is refused at argument resolution with the reason; it stays the gate of what it gates."""
+    c = resolved[case]
+    assert not c["ok"] and c["type"] == "ValueError", c
+    for w in words:
+        assert w in c["msg"], (w, c["msg"])
+    assert resolved["flashinfer_allowed"]["ok"], "the flag still lets a wired-but-unproven backend run"
+
+
+def test_allow_unproven_with_a_grammar_backend_by_base(v2_base, resolved):
+    """A grammar backend is unproven only where the base's DFLASH worker does constrained decoding (0.5.17): there
+    the flag gates it; on the older bases it gates nothing and is refused."""
+    c = resolved["grammar_allowed"]
+    if TRAITS[v2_base].grammar:
+        assert c["ok"] and c["num_draft_tokens"] == 16, c
+    else:
+        assert not c["ok"] and "does nothing here" in c["msg"], c
+
+
+def test_schedule_flag_that_does_nothing(v2_base, resolved):
+    """0.5.17's internal --speculative-ddtree-schedule (it records the resolved schedule) is refused without a
+    budget and beside a command-line budget (resolution would replace it), naming the budget flag to use; older
+    bases do not have it (argparse refuses it). Resolved arguments resolved again keep their schedule."""
+    alone, beside, again = resolved["schedule_alone"], resolved["schedule_beside_budget"], resolved["reresolved"]
+    if v2_base != "0.5.17":
+        assert alone["type"] == beside["type"] == "SystemExit", (alone, beside)
+        assert again["ok"] and again["budget"] == 15 and again["num_draft_tokens"] == 16, again
+        return
+    assert not alone["ok"] and alone["type"] == "ValueError", alone
+    assert "--speculative-ddtree-schedule 1:15,4:0 does nothing without --speculative-ddtree-budget" in alone["msg"]
+    assert "--speculative-ddtree-budget 1:15,4:0" in alone["msg"]
+    assert not beside["ok"] and "beside --speculative-ddtree-budget 15 does nothing" in beside["msg"], beside
+    assert again["ok"] and again["schedule"] == "1:15,4:0" and again["budget"] == 15, again
+    assert again["num_draft_tokens"] == 16, again

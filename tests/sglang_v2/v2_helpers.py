@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "sglang"))
+sys.path.insert(0, str(REPO / "tests" / "sglang_v1"))
 from sglang_series_helpers import write_torchvision_stub  # noqa: E402
 
 #: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/).

@@ -20,7 +20,11 @@ full compute of the production shapes and make acceptance a stated number:
 
 Writes OUTDIR/prof-target and OUTDIR/prof-dflash (configs of the q8b shapes) and OUTDIR/prof-target/profile.json:
 the tokens, the logits the bf16 LM head will produce (realised after rounding), the realised P, and the expected
-accepted drafts per round for the chain and for DDTree budgets (best-first tree over P, depth <= 15).
+accepted drafts per round for the chain and for DDTree budgets (best-first tree over P, depth <= 15). And the same at
+the Qwen3.6-27B shape: OUTDIR/prof36-target / prof36-dflash (the q36 configs) with prof36-target/profile.json (hidden
+5120, vocab 248320). There the residual stream stays u = e0 through the hybrid's layers too: the GatedDeltaNet
+layers' `out_proj` is zero like `o_proj` (their recurrent state is computed at full size and adds nothing), and its
+Gemma-style norms scale by 1 + weight, so the hook sets their weights to zero (scale one).
 """
 import heapq
 import json
@@ -29,7 +33,15 @@ import sys
 from pathlib import Path
 
 from bench.e2e.e2e_files import copy_tokenizer
-from bench.e2e.models.mk_shapes import DRAFT_8B, QWEN3_8B
+from bench.e2e.models.mk_shapes import DRAFT_8B, DRAFT_36, QWEN3_8B, QWEN36_27B
+
+#: the model pairs with a controlled profile: (target folder, drafter folder, target config, drafter config)
+PAIRS = (("prof-target", "prof-dflash", QWEN3_8B, DRAFT_8B), ("prof36-target", "prof36-dflash", QWEN36_27B, DRAFT_36))
+
+
+def text_config(cfg: dict) -> dict:
+    """The language model's config (a multimodal wrapper keeps it as text_config)."""
+    return cfg.get("text_config", cfg)
 
 #: The stated law: token ids and probabilities (rank order = drafter's rank order).
 TOKENS = (1000, 1001, 1002, 1003)
@@ -72,27 +84,35 @@ def expected_accepted(p: list[float], budget: int, depth: int = DEPTH) -> float:
     return total
 
 
-def main() -> int:
-    out, basedir = Path(sys.argv[1]), Path(sys.argv[2])
-    hidden, vocab = QWEN3_8B["hidden_size"], QWEN3_8B["vocab_size"]
-    w, w_other, h0 = realised_logits(hidden, QWEN3_8B["rms_norm_eps"])
+def profile_for(target: dict) -> dict:
+    """The profile of a target shape: LM-head weights realising P after the final norm, and what it predicts."""
+    text = text_config(target)
+    hidden, vocab = text["hidden_size"], text["vocab_size"]
+    w, w_other, h0 = realised_logits(hidden, text["rms_norm_eps"])
     logits = [bf16(x * h0) for x in w]
     other = bf16(w_other * h0)
     z = sum(math.exp(x) for x in logits) + (vocab - len(TOKENS)) * math.exp(other)
     p = [math.exp(x) / z for x in logits]
     chain = sum(p[0] ** d for d in range(1, DEPTH + 1))
-    profile = {"tokens": list(TOKENS), "stated_probs": list(PROBS), "lm_head_col0": w, "lm_head_col0_other": w_other,
-               "logits": logits, "other_logit": other, "probs": p, "other_mass": 1 - sum(p), "temperature": 1.0,
-               "depth": DEPTH, "expected_accepted": {"chain": chain, **{f"ddtree-b{b}": expected_accepted(p, b)
-                                                                        for b in (8, 16, 32, 64, 128, 256)}}}
-    for name, cfg in (("prof-target", QWEN3_8B), ("prof-dflash", DRAFT_8B)):
-        d = out / name
-        d.mkdir(parents=True, exist_ok=True)
-        copy_tokenizer(basedir, d)
-        (d / "config.json").write_text(json.dumps(cfg, indent=1))
-    (out / "prof-target" / "profile.json").write_text(json.dumps(profile, indent=1))
-    print("ok", out / "prof-target", out / "prof-dflash", "P", [round(x, 4) for x in p],
-          "expected accepted", {k: round(v, 2) for k, v in profile["expected_accepted"].items()})
+    return {"tokens": list(TOKENS), "stated_probs": list(PROBS), "lm_head_col0": w, "lm_head_col0_other": w_other,
+            "logits": logits, "other_logit": other, "probs": p, "other_mass": 1 - sum(p), "temperature": 1.0,
+            "depth": DEPTH, "hidden_size": hidden, "vocab_size": vocab,
+            "expected_accepted": {"chain": chain, **{f"ddtree-b{b}": expected_accepted(p, b)
+                                                     for b in (8, 16, 32, 64, 128, 256)}}}
+
+
+def main() -> int:
+    out, basedir = Path(sys.argv[1]), Path(sys.argv[2])
+    for tgt, drf, tcfg, dcfg in PAIRS:
+        profile = profile_for(tcfg)
+        for name, cfg in ((tgt, tcfg), (drf, dcfg)):
+            d = out / name
+            d.mkdir(parents=True, exist_ok=True)
+            copy_tokenizer(basedir, d)
+            (d / "config.json").write_text(json.dumps(cfg, indent=1))
+        (out / tgt / "profile.json").write_text(json.dumps(profile, indent=1))
+        print("ok", out / tgt, out / drf, "P", [round(x, 4) for x in profile["probs"]],
+              "expected accepted", {k: round(v, 2) for k, v in profile["expected_accepted"].items()})
     return 0
 
 

@@ -13,6 +13,9 @@ heads of head_dim 256 with partial rotary 0.25, GatedDeltaNet 16 key / 48 value 
 SSM state, vocab 248320; the vision tower shrunk to one block, as only text is served) and the z-lab
 Qwen3.6-27B-DFlash drafter shape (5 layers at hidden 5120, intermediate 17408, 32/8 heads of 128, layers
 [sliding x4 (window 2048), full], block 16, target layers [1, 16, 31, 46, 61], mask id 248070).
+transformers' Qwen3Config keeps `sliding_window` only with `use_sliding_window` true (it sets the window to None
+otherwise, and SGLang's DFLASH drafter then refuses its sliding layers), so the drafter says so; `layer_types` is
+given, so `max_window_layers` does not choose the layers.
 """
 import json
 import sys
@@ -51,7 +54,7 @@ DRAFT_36 = dict(architectures=["DFlashDraftModel"], model_type="qwen3", vocab_si
                 head_dim=128, max_position_embeddings=262144, rope_theta=10000000.0, rms_norm_eps=1e-6,
                 tie_word_embeddings=False, torch_dtype="bfloat16", hidden_act="silu", attention_bias=False,
                 num_target_layers=64, layer_types=["sliding_attention"] * 4 + ["full_attention"],
-                sliding_window=2048, block_size=16,
+                use_sliding_window=True, sliding_window=2048, max_window_layers=5, block_size=16,
                 dflash_config={"block_size": 16, "target_layer_ids": [1, 16, 31, 46, 61],
                                "mask_token": "<|dflash_mask|>", "mask_token_id": 248070})
 

@@ -4,8 +4,9 @@
 profile that `models/mk_profile.py` wrote. Every process of that Engine imports this file at start-up; when SGLang's
 model loader module is executed, its `initialize_dummy_weights` (the `--load-format dummy` fill) is wrapped so
 that, right after the random fill, the model gets the profile's weights (models/mk_profile.py says why these):
-- `o_proj` and `down_proj` of every layer: zero (the GEMMs still run at full size);
-- every norm weight: one;
+- `o_proj` and `down_proj` of every layer, and a GatedDeltaNet layer's `out_proj`: zero (the GEMMs and the
+  recurrence still run at full size);
+- every norm: scale one (weight one; a Gemma-style norm, which scales by 1 + weight, weight zero);
 - the token embedding: every row e0 (the drafter has none; it reads the target's);
 - the LM head: column 0 holds the profile's bf16 weights for its tokens and `lm_head_col0_other` for every other
   token; all other columns zero.
@@ -23,9 +24,18 @@ def apply_profile(model, profile: dict) -> list:
     import torch
 
     done = []
+    gemma = set()  # norms that scale by 1 + weight (Qwen3.5 / 3.6): weight zero; their precomputed 1 + weight one
     with torch.no_grad():
+        for mname, mod in model.named_modules():
+            if "Gemma" in type(mod).__name__ and "Norm" in type(mod).__name__:
+                mod.weight.zero_()
+                if isinstance(getattr(mod, "gemma_weight", None), torch.Tensor):
+                    mod.gemma_weight.fill_(1.0)
+                gemma.add(f"{mname}.weight")
         for name, param in model.named_parameters():
-            if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+            if name in gemma:
+                pass
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "linear_attn.out_proj.weight")):
                 param.zero_()
             elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 param.fill_(1.0)

@@ -213,7 +213,7 @@ def chain_tokens_per_round(accept_profile: Sequence[Sequence[float]], block_size
 
 def fit_schedule(accept_profile: Sequence[Sequence[float]], round_ms: Mapping[tuple[int, int], float],
                  chain_tokens_per_round: float, batch_sizes: Iterable[int], budgets: Iterable[int], *,
-                 margin: float = 0.0) -> Schedule:
+                 margin: float = 0.0, max_budget: Optional[Mapping[int, int]] = None) -> Schedule:
     """Per batch size, the budget that commits the most tokens per millisecond; 0 (the chain) wherever the chain
     is at least as good.
 
@@ -223,7 +223,11 @@ def fit_schedule(accept_profile: Sequence[Sequence[float]], round_ms: Mapping[tu
     Tree rounds are valued by :func:`expected_tokens_per_round` (its assumptions apply). A budget must beat the
     chain's tokens/ms by the relative ``margin`` (e.g. 0.02 = 2 %) to be chosen, so noise in the cost table does
     not buy a slower round. Assumes tokens per round do not depend on the batch size (each request's acceptance
-    is its own) and that the round cost of a batch does not depend on which requests are in it."""
+    is its own) and that the round cost of a batch does not depend on which requests are in it.
+
+    ``max_budget[bs]`` (hybrid targets: every node carries its own recurrent state, so memory bounds the budget per
+    batch size): budgets above it are not candidates at ``bs`` and need no cost there; a batch size missing from the
+    mapping takes the limit of the next larger one listed (more requests never fit more nodes), or no limit."""
     sizes = sorted({int(bs) for bs in batch_sizes})
     cands = sorted({int(b) for b in budgets if int(b) > 0})
     if not sizes:
@@ -233,10 +237,13 @@ def fit_schedule(accept_profile: Sequence[Sequence[float]], round_ms: Mapping[tu
     tokens = {b: expected_tokens_per_round(b, accept_profile) for b in cands}
     chosen: dict[int, int] = {}
     for bs in sizes:
+        limit = _limit_at(max_budget, bs)
         if (0, bs) not in round_ms:
             raise ScheduleError(f"fit_schedule: no chain round cost for batch size {bs} (round_ms[(0, {bs})])")
         best_b, best_rate = 0, float(chain_tokens_per_round) / float(round_ms[(0, bs)]) * (1.0 + float(margin))
         for b in cands:
+            if limit is not None and b > limit:
+                continue
             if (b, bs) not in round_ms:
                 raise ScheduleError(f"fit_schedule: no round cost for budget {b} at batch size {bs}")
             rate = tokens[b] / float(round_ms[(b, bs)])
@@ -244,6 +251,15 @@ def fit_schedule(accept_profile: Sequence[Sequence[float]], round_ms: Mapping[tu
                 best_b, best_rate = b, rate
         chosen[bs] = best_b
     return Schedule.of(chosen)
+
+
+def _limit_at(max_budget: Optional[Mapping[int, int]], bs: int) -> Optional[int]:
+    """The largest budget that fits at ``bs`` requests: the entry of ``bs``, else of the next larger batch size
+    listed (a smaller batch fits at least what a larger one does), else no limit."""
+    if not max_budget:
+        return None
+    above = [k for k in max_budget if int(k) >= int(bs)]
+    return int(max_budget[min(above)]) if above else None
 
 
 # -- the built-in defaults (what `--speculative-ddtree-budget auto` uses) -------------------------------------------
@@ -308,18 +324,85 @@ def round_ms_grid(table: Mapping[int, Mapping[int, float]], budgets: Iterable[in
 #: The budgets `auto` chooses among (the widths the cost table measured).
 DEFAULT_BUDGETS = (16, 32, 64)
 
+# -- hybrid GatedDeltaNet targets ------------------------------------------------------------------------------------
+
+#: Round milliseconds of a hybrid target, measured on one H200, SGLang 0.5.17 + this patch set, the Qwen3.6-27B shape
+#: (48 GatedDeltaNet + 16 gated-attention layers, random weights) with the z-lab Qwen3.6-27B-DFlash drafter shape
+#: (block 16), CUDA graphs (issue #24's table; `bench/e2e/hybrid17.sh` parts q36t1/q36t2 re-measure it into
+#: bench/results/hybrid-0.5.17-h200.md): {budget: {batch size: ms}}, budget 0 = the V2 chain. A budget is listed only
+#: up to the batch sizes where its per-node recurrent states fit next to the weights (19 / 41 / 80 / 209 nodes fit at
+#: 16 / 8 / 4 / 1 requests), so the table's extent is also the memory limit `auto` assumes (HYBRID_MAX_BUDGET).
+HYBRID_ROUND_MS: dict[int, dict[int, float]] = {
+    0: {1: 20.89, 8: 31.59, 16: 46.44},
+    16: {1: 20.89 * 1.03, 8: 31.59 * 1.09, 16: 46.44 * 1.18},
+    32: {1: 20.89 * 1.16, 8: 31.59 * 1.61},
+    64: {1: 20.89 * 1.41},
+    128: {1: 20.89 * 1.96},
+}
+#: The measured GatedDeltaNet verify shares of those rounds at batch 1 (the profiler's kernel time): 11 % of the
+#: chain's round (16 verified tokens per request), 47 % of the b128 round (129 nodes).
+HYBRID_GDN_SHARE = {0: 0.11, 128: 0.47}
+#: The budgets `auto` chooses among on a hybrid target.
+HYBRID_BUDGETS = (16, 32, 64, 128)
+#: The largest budget whose per-node states fit at each batch size (from the start-up memory check of that run).
+HYBRID_MAX_BUDGET = {1: 209, 4: 80, 8: 41, 16: 19}
+
+
+def gdn_verify_ms_per_node(table: Mapping[int, Mapping[int, float]] = HYBRID_ROUND_MS,
+                           shares: Mapping[int, float] = HYBRID_GDN_SHARE, *, block_size: int = 16) -> float:
+    """The GatedDeltaNet verify's cost per verified node (ms, one request), from two measured shares at batch 1:
+    the slope between the chain's GDN time (block-size tokens) and the largest measured budget's (budget + 1
+    nodes). With the built-in figures: (0.47 x 40.94 - 0.11 x 20.89) / (129 - 16) = 0.150 ms per node, i.e. a
+    node of the tree costs the 27B shape's 48 GDN layers about 0.15 ms that a node of a dense target does not."""
+    (b_lo, s_lo), (b_hi, s_hi) = sorted(shares.items())[0], sorted(shares.items())[-1]
+    n_lo = int(block_size) if b_lo == 0 else b_lo + 1
+    n_hi = int(block_size) if b_hi == 0 else b_hi + 1
+    if n_hi == n_lo:
+        raise ScheduleError("gdn_verify_ms_per_node: the shares must be of two different widths")
+    return (s_hi * table[b_hi][1] - s_lo * table[b_lo][1]) / (n_hi - n_lo)
+
+
+def hybrid_round_ms(dense: Mapping[int, Mapping[int, float]], budget: int, bs: int, *,
+                    gdn_ms_per_node: float, block_size: int = 16) -> float:
+    """A hybrid target's round from a dense round-cost table (the attention / MLP / drafter part) plus the GDN
+    verify: ``gdn_ms_per_node`` per verified node and request (budget + 1 nodes, or the chain's block), linear in
+    the batch size. A model for a host whose hybrid rounds were not measured (``tune`` measures them instead)."""
+    nodes = int(budget) + 1 if int(budget) > 0 else int(block_size)
+    return interpolate_round_ms(dense, budget, bs) + float(gdn_ms_per_node) * nodes * int(bs)
+
 
 def default_schedule(batch_sizes: Iterable[int], *, block_size: int = 16,
                      accept_profile: Optional[Sequence[Sequence[float]]] = None,
                      round_ms: Optional[Mapping[int, Mapping[int, float]]] = None,
-                     budgets: Iterable[int] = DEFAULT_BUDGETS, margin: float = 0.02) -> Schedule:
+                     budgets: Optional[Iterable[int]] = None, margin: float = 0.02, hybrid: bool = False,
+                     max_budget: Optional[Mapping[int, int]] = None) -> Schedule:
     """What ``--speculative-ddtree-budget auto`` runs: :func:`fit_schedule` over ``budgets`` at ``batch_sizes``
     (the captured CUDA-graph sizes, or 1..max running requests eagerly) with the built-in H200 cost table
     (:data:`DEFAULT_ROUND_MS`, interpolated), the built-in profile (:data:`DEFAULT_ACCEPT_PROFILE`, cut to
     ``block_size - 1`` depths), the chain valued by :func:`chain_tokens_per_round`, and a 2 % margin. With the
-    built-in tables this is b64 at batch 1 and the chain from a few requests on."""
+    built-in tables this is b64 at batch 1 and the chain from a few requests on.
+
+    ``hybrid``: a GatedDeltaNet hybrid target: the hybrid table (:data:`HYBRID_ROUND_MS`, whose GDN verify grows
+    with every node: :func:`gdn_verify_ms_per_node`) and budgets :data:`HYBRID_BUDGETS`, each only where its
+    per-node states fit (``max_budget``, default :data:`HYBRID_MAX_BUDGET`) and up to the largest batch size its
+    row measured (a budget is never extrapolated to batches it was not run at). With the built-in tables this is the
+    chain at every batch size: under the assumed profile the trees commit +1 % (b16) to +34 % (b128) more tokens
+    per round than the chain, and their rounds cost 1.03x to 1.96x at batch 1; a better drafter (a measured
+    profile, ``tune``) or a cheaper GDN tree verify changes that."""
     profile = list(accept_profile if accept_profile is not None else DEFAULT_ACCEPT_PROFILE)
     profile = profile[: max(int(block_size) - 1, 0)]
     sizes = sorted({int(bs) for bs in batch_sizes}) or [1]
-    grid = round_ms_grid(round_ms if round_ms is not None else DEFAULT_ROUND_MS, budgets, sizes)
-    return fit_schedule(profile, grid, chain_tokens_per_round(profile, block_size), sizes, budgets, margin=margin)
+    table = round_ms if round_ms is not None else (HYBRID_ROUND_MS if hybrid else DEFAULT_ROUND_MS)
+    cands = tuple(budgets if budgets is not None else (HYBRID_BUDGETS if hybrid else DEFAULT_BUDGETS))
+    limits = dict(max_budget) if max_budget is not None else (dict(HYBRID_MAX_BUDGET) if hybrid else None)
+    if hybrid:  # a budget runs only up to the batch sizes its row measured
+        measured = {b: max(table[b]) for b in cands if b in table}
+        cands = tuple(measured)
+        limits = {bs: min([lim for lim in [_limit_at(limits, bs)] if lim is not None]
+                          + [max([0] + [b for b in cands if measured[b] >= bs])]) for bs in sizes}
+        grid = {(b, bs): interpolate_round_ms(table, b, bs) for b in (0, *cands) for bs in sizes
+                if b == 0 or b <= limits[bs]}
+    else:
+        grid = round_ms_grid(table, cands, sizes)
+    return fit_schedule(profile, grid, chain_tokens_per_round(profile, block_size), sizes, cands, margin=margin,
+                        max_budget=limits)

@@ -12,10 +12,19 @@ target-verify width hook (``spec_info.py``); on 0.5.14-0.5.16, whose draft runne
 the width from their own server-argument copy, that copy gets ``speculative_num_draft_tokens = block size``
 (:func:`draft_server_args`).
 
-Proven on a GPU here (the H200, real server): the triton attention backend with page size 1, dense (non-hybrid)
-targets, TP 1, greedy and T > 0, overlap scheduling on and off, CUDA graphs on and off. Everything else that is
-wired but not proven is refused at start-up with the reason unless ``--speculative-ddtree-allow-unproven`` is
-given; what is not wired at all is refused always.
+Proven on a GPU here (the H200, real server): the triton attention backend with page size 1, dense targets and
+GatedDeltaNet hybrids (on by default: ``hybrid.py``), TP 1, greedy and T > 0, overlap scheduling on and off, CUDA
+graphs on and off. Everything else that is wired but not proven is refused at start-up with the reason unless
+``--speculative-ddtree-allow-unproven`` is given; what is not wired at all is refused always.
+
+Flags that would do nothing are refused at start-up too, with the reason (:func:`check_algorithm`,
+:func:`post_resolve`): ``--speculative-ddtree-adapt``, ``--speculative-ddtree-allow-unproven`` or the internal
+``--speculative-ddtree-schedule`` without ``--speculative-ddtree-budget``; the schedule flag beside a budget given
+on the command line (the budget flag takes schedules; this one only records the resolved schedule, and resolution
+would replace it); and ``--speculative-ddtree-allow-unproven`` when the resolved arguments name nothing unproven
+(with the attention backend known at resolution, which it is on every spec-v2 base: an unset backend resolves to
+triton or is chosen before DDTree's check). It stays the gate of what is wired but unproven: FlashInfer, TP > 1,
+constrained decoding, a compact draft window.
 """
 from __future__ import annotations
 
@@ -40,6 +49,11 @@ UNWIRED_BACKENDS = {
            "H200 bundle has no FA3 kernel library to prove it with)",
 }
 UNPROVEN_FLAG = "--speculative-ddtree-allow-unproven"
+#: What ``--speculative-ddtree-allow-unproven`` lets run (for the message that refuses it where it gates nothing).
+UNPROVEN_GATES = ("--attention-backend flashinfer", "--tp-size > 1", "a --grammar-backend other than none",
+                  "--speculative-draft-window-size")
+#: The internal flag that records the resolved schedule (0.5.17's series; absent on the other bases).
+SCHEDULE_FLAG = "--speculative-ddtree-schedule"
 
 
 def _view(server_args: Any) -> Any:
@@ -134,11 +148,20 @@ def schedule_of(args: Any) -> Any:
 
 
 def check_algorithm(server_args: Any) -> None:
-    """The budget only means something under DFLASH: DDTree builds its tree from the DFlash drafter."""
+    """The budget only means something under DFLASH: DDTree builds its tree from the DFlash drafter. DDTree's other
+    flags mean nothing without the budget: each is refused alone, with the reason."""
     if getattr(server_args, "speculative_ddtree_budget", None) is None:
         if adapt_on(server_args):
             raise ValueError("--speculative-ddtree-adapt needs --speculative-ddtree-budget (a budget or schedule to "
                              "adapt).")
+        if getattr(server_args, "speculative_ddtree_allow_unproven", False):
+            raise ValueError(f"{UNPROVEN_FLAG} does nothing without {BUDGET_FLAG}: it lets DDTree run configurations "
+                             "that are wired but not proven on a GPU; drop it, or turn DDTree on with "
+                             f"{BUDGET_FLAG}.")
+        recorded = getattr(server_args, "speculative_ddtree_schedule", None)
+        if recorded:
+            raise ValueError(f"{SCHEDULE_FLAG} {recorded} does nothing without {BUDGET_FLAG}: a schedule is given "
+                             f"as {BUDGET_FLAG} {recorded} ({SCHEDULE_FLAG} only records the resolved one).")
         return
     if server_args.speculative_algorithm != "DFLASH":
         raise ValueError("--speculative-ddtree-budget requires --speculative-algorithm DFLASH (DDTree builds its "
@@ -159,6 +182,10 @@ def pre_resolve(server_args: Any) -> Any:
         return None
     recorded = getattr(server_args, "speculative_ddtree_schedule", None)
     resolved_before = isinstance(value, int) and not isinstance(value, bool) and recorded
+    if recorded and not resolved_before:
+        raise ValueError(f"{SCHEDULE_FLAG} {recorded} beside {BUDGET_FLAG} {value} does nothing: resolution "
+                         f"replaces it with the budget's schedule; give the schedule as {BUDGET_FLAG} {recorded} "
+                         f"({SCHEDULE_FLAG} only records the resolved one).")
     parsed = parse_budget(recorded if resolved_before else value)
     if resolved_before and parsed.max_budget != value:
         raise ValueError(f"{BUDGET_FLAG}={value} does not match the recorded schedule {recorded} (largest budget "
@@ -181,10 +208,22 @@ def pre_resolve(server_args: Any) -> Any:
     return parsed
 
 
-def resolve_auto(block_size: int) -> Any:
+def resolve_auto(block_size: int, *, hybrid: bool = False) -> Any:
     """What ``auto`` means: the runtime's ``default_schedule`` at every batch size 1..512 for a drafter of
-    ``block_size`` (the built-in H200 round costs and acceptance profile; see its docstring)."""
-    return _schedule_mod().default_schedule(range(1, 513), block_size=int(block_size))
+    ``block_size`` (the built-in H200 round costs and acceptance profile; see its docstring); ``hybrid``: a
+    GatedDeltaNet hybrid target, priced with the hybrid table (its GDN verify grows with every tree node)."""
+    return _schedule_mod().default_schedule(range(1, 513), block_size=int(block_size), hybrid=hybrid)
+
+
+def is_gdn_hybrid(server_args: Any) -> bool:
+    """Whether the target is a GatedDeltaNet hybrid (Qwen3.5 / 3.6, Qwen3-Next, ...), from the model config the
+    base caches on the arguments; False where the base cannot say (no such config helper)."""
+    try:
+        from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
+    except ImportError:
+        return False
+    get = getattr(server_args, "get_model_config", None)
+    return get is not None and hybrid_gdn_config(get()) is not None
 
 
 def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = True) -> tuple[list[str], list[str]]:
@@ -248,10 +287,13 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     if unproven and not allow:
         raise ValueError("DDTree (--speculative-ddtree-budget) is not proven with: " + "; ".join(unproven)
                          + f". Pass {UNPROVEN_FLAG} to run it anyway.")
+    if allow and not unproven and getattr(_view(server_args), "attention_backend", None) is not None:
+        raise ValueError(f"{UNPROVEN_FLAG} does nothing here: every configuration this DDTree server uses is proven "
+                         f"on a GPU (the flag gates only {', '.join(UNPROVEN_GATES)}); drop it.")
     if unproven:
         logger.warning("DDTree runs with configurations not proven on a GPU (%s): %s", UNPROVEN_FLAG,
                        "; ".join(unproven))
-    schedule = resolve_auto(block_size) if parsed is AUTO else parsed
+    schedule = resolve_auto(block_size, hybrid=is_gdn_hybrid(server_args)) if parsed is AUTO else parsed
     if isinstance(parsed, int):  # a caller with a plain budget (the pre-schedule interface)
         schedule = _schedule_mod().Schedule.of(parsed)
     width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))

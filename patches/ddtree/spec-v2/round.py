@@ -65,12 +65,6 @@ def full_attention_backend(backend: Any) -> Any:
     return backend
 
 
-#: Why hybrid GatedDeltaNet targets are opt-in (--speculative-ddtree-allow-unproven) on this patch set.
-HYBRID_UNPROVEN = ("GatedDeltaNet hybrid targets (the tree kernels match float64 per-path recurrences, but on the H200 "
-                   "greedy DDTree output differed from the stock V2 chain on 1-6 of 16 requests of a hybrid test "
-                   "model: bench/results/hybrid-0.5.17-h200-partial.md)")
-
-
 class DDTreeRound:
     """DDTree state of one DFlash worker: widths, the draft tree builder, and the decode round after the draft."""
 
@@ -126,14 +120,12 @@ class DDTreeRound:
                             "triton)")
         elif name not in PROVEN_BACKENDS:
             unproven.append(f"the {name} attention backend ({WIRED_UNPROVEN_BACKENDS[name]})")
-        if is_hybrid:  # hybrid GatedDeltaNet targets: .hybrid (SGLang 0.5.17, patch 0004) or refused with why
+        if is_hybrid:  # GatedDeltaNet hybrids run by default (SGLang 0.5.17, patch 0004); the rest refused with why
             from .hybrid import target_problems
 
             hybrid_problems = target_problems(model_runner)
             problems += hybrid_problems
             self.hybrid = not hybrid_problems
-            if self.hybrid:
-                unproven.append(HYBRID_UNPROVEN)
         swa = getattr(model_runner, "sliding_window_size", None)
         if swa is not None and int(swa) > 0:
             problems.append(f"a target with sliding-window attention (window {swa}): the triton kernel reads the "

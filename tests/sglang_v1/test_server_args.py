@@ -1,7 +1,7 @@
 """`--speculative-ddtree-budget` resolution in the patched sglang 0.5.11 ServerArgs (device="cuda", on CPU).
 
 Runs in a subprocess against the whole patched package (conftest `patched_tree`). Importing
-sglang.srt.server_args needs SGLang's Python dependencies (tests/sglang/requirements-cpu.txt, installed with --no-deps). Without them the
+sglang.srt.server_args needs SGLang's Python dependencies (tests/sglang_v1/requirements-cpu.txt, installed with --no-deps). Without them the
 test is skipped with the missing module's name, unless DDTREE_REQUIRE_SGLANG_DEPS=1 (then it fails).
 torchvision is replaced by a small stand-in package (a real package directory with dist-info), never installed.
 """
@@ -52,6 +52,21 @@ SCRIPT = textwrap.dedent('''
     case("window", speculative_ddtree_budget=15, speculative_dflash_draft_window_size=64)
     case("eagle", speculative_ddtree_budget=15, speculative_algorithm="EAGLE")
     case("block64", speculative_ddtree_budget=15, speculative_dflash_block_size=64)
+    # the spec-v2 bases' flags that would do nothing alone do not exist here: the command line refuses them
+    import contextlib, io
+    from sglang.srt.server_args import prepare_server_args
+    for name, flag in (("cli_unproven", ["--speculative-ddtree-allow-unproven"]),
+                       ("cli_schedule", ["--speculative-ddtree-schedule", "1:15"])):
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                prepare_server_args(["--model-path", tgt, "--speculative-algorithm", "DFLASH",
+                                     "--speculative-draft-model-path", drf, "--device", "cuda",
+                                     "--skip-tokenizer-init", "--attention-backend", "triton",
+                                     "--speculative-ddtree-budget", "15"] + flag)
+            out[name] = {"ok": True}
+        except SystemExit as e:
+            out[name] = {"ok": False, "type": "SystemExit", "code": e.code, "msg": err.getvalue()}
     print("RESULT" + json.dumps(out))
 ''')
 
@@ -110,3 +125,14 @@ def test_bad_combinations_are_rejected_clearly(resolved, case, needle):
     r = resolved[case]
     assert not r["ok"] and r["type"] == "ValueError", r
     assert needle in r["msg"], r["msg"]
+
+
+@pytest.mark.parametrize("case,flag", [("cli_unproven", "--speculative-ddtree-allow-unproven"),
+                                       ("cli_schedule", "--speculative-ddtree-schedule")])
+def test_flags_of_the_spec_v2_bases_are_unknown_here(resolved, case, flag):
+    """0.5.11 has the budget flag only (no allow-unproven gate: what is not proven is refused outright, and
+    GatedDeltaNet hybrids run by default through 0004; no schedules): the others are refused by the command line,
+    exit 2."""
+    r = resolved[case]
+    assert not r["ok"] and r["type"] == "SystemExit" and r["code"] == 2, r
+    assert "unrecognized arguments" in r["msg"] and flag in r["msg"], r["msg"]

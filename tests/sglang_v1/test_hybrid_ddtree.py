@@ -7,7 +7,7 @@ own Triton kernels (interpreted on CPU) on trees built by the runtime and compar
 recurrences and with the runtime's plain-torch references; the harness is the GPU script's
 (``tests/gpu/test_hybrid_base_kernels_gpu.py``), so CI exercises the very code the H200 runs at model shapes.
 The start-up checks are tested on the real classes of the patched tree in a subprocess (they need sglang's
-Python dependencies: tests/sglang/requirements-cpu.txt plus einops and msgspec).
+Python dependencies: tests/sglang_v1/requirements-cpu.txt plus einops and msgspec).
 """
 from __future__ import annotations
 
@@ -370,11 +370,11 @@ def backend_results(patched_tree: Path, tmp_path_factory) -> dict:
         if not missing:
             pytest.fail(msg + "\n" + r.stderr[-3000:])
         name = missing[-1].split("No module named", 1)[1].strip(" '\"").split(".")[0]
-        listed = (REPO / "tests" / "sglang" / "requirements-cpu.txt").read_text()
+        listed = (REPO / "tests" / "sglang_v1" / "requirements-cpu.txt").read_text()
         unlisted = name in EXTRA_DEPS and f"{name}==" not in listed
         if os.environ.get("DDTREE_REQUIRE_SGLANG_DEPS") == "1" and not unlisted:
             pytest.fail(msg + "\n" + r.stderr[-3000:])
-        pytest.skip(msg + (f" (add {' '.join(EXTRA_DEPS.values())} to tests/sglang/requirements-cpu.txt)"
+        pytest.skip(msg + (f" (add {' '.join(EXTRA_DEPS.values())} to tests/sglang_v1/requirements-cpu.txt)"
                            if unlisted else ""))
     return json.loads(line[len("RESULT"):])
 
