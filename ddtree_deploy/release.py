@@ -20,17 +20,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, is_cut
+from .errors import ConnectionCut, DeployError, Fenced, Interrupted, LockHeld, OperationFailed, RemoteError, is_cut
 from .inventory import Host
 from .overlay import Overlay
 from .lease import Lease, describe_holder, owner_record, tool_gone_here
 from .transport import HostConnection
 
 _CHUNK = 1 << 16
-
-
-class LockHeld(OperationFailed):
-    """Another run holds the host's deploy lock (or a dead run left it behind)."""
 
 
 class PushFailed(OperationFailed):

@@ -7,6 +7,7 @@ of a document is reported at once (one line each), so a file is fixed in one pas
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -95,7 +96,9 @@ def _collect(doc: Any, schema: dict[str, Field], prefix: str, problems: list[str
         return {}
     known = ", ".join(sorted(schema))
     for name in sorted(set(doc) - set(schema), key=str):
-        problems.append(f"unknown field '{prefix}{name}' (known fields here: {known})")
+        close = difflib.get_close_matches(str(name), list(schema), n=1, cutoff=0.6)
+        mean = f"did you mean '{prefix}{close[0]}'? " if close else ""
+        problems.append(f"unknown field '{prefix}{name}' ({mean}known fields here: {known})")
     out: dict[str, Any] = {}
     for name, spec in schema.items():
         path = f"{prefix}{name}"

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from ..cli_errors import Group
 from rich.markup import escape
 
 from ..console import emit_json, err, out, table
@@ -21,6 +23,7 @@ from ..patchset.format import PatchSet, default_patches_root, find_patchset_for,
 from ._options import JsonOpt, PatchesOpt
 
 app = typer.Typer(
+    cls=Group,
     help="DDTree patch sets (patches/<name>/sglang-<version>/patchset.yaml): a versioned series of patches plus "
     "vendored runtime files, applied all-or-nothing with no fuzz onto a base (a host snapshot or a released wheel) "
     "to make an overlay. `dev` and `refresh` edit a series as git commits, like quilt or patch-package.\n\n"
