@@ -8,7 +8,6 @@ from typing import Any, Optional
 import typer
 
 from ..cli_errors import Group
-
 from ..console import emit_json, out, table
 from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError
 from .. import paths

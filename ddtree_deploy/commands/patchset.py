@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-
-from ..cli_errors import Group
 from rich.markup import escape
 
+from ..cli_errors import Group
 from ..console import emit_json, err, out, table
 from ..errors import DeployError, InputError, PatchDoesNotApply
 from ..patchset.apply import apply_patchset, render_diff

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from ..cli_errors import Group
-
 from ..console import emit_json, err, out, table
 from ..sandbox import DEFAULT_HOSTS, Sandbox
 from ._options import InventoryOpt, JsonOpt

@@ -12,7 +12,6 @@ from typing import Any, Optional
 import typer
 
 from ..cli_errors import Group
-
 from .. import hostops
 from ..console import emit_json, err, out, table
 from ..errors import EXIT_FAILED
