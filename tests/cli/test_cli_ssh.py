@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from hostfiles import write_host as _write_host
 
 from ddtree_deploy.errors import TransportError
 from ddtree_deploy.transport import HostConnection
@@ -49,16 +49,6 @@ def agent(tmp_path: Path, sandbox):
 
 def _no_key_host(sandbox, **changes):
     return dataclasses.replace(sandbox.base, identity_file=None, **changes)
-
-
-def _write_host(inv: Path, host, **changes) -> Path:
-    doc = yaml.safe_load(Path(host.source).read_text())
-    doc.update(changes)
-    doc = {k: v for k, v in doc.items() if v is not None}
-    inv.mkdir(parents=True, exist_ok=True)
-    path = inv / f"{doc['name']}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def test_key_only_in_the_agent_connects_like_openssh(sandbox, agent, tmp_path, monkeypatch) -> None:
