@@ -128,9 +128,10 @@ def _resolve(target: str, ssh_config: str | None, port: int | None, user: str | 
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InputError(f"{source}: `ssh -G {target}` did not answer: {exc}") from exc
     if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        why = "; ".join(ln.strip() for ln in proc.stderr.strip().splitlines()) or f"ssh -G exited {proc.returncode}"
+        shown = " ".join(shlex.quote(a) for a in [*argv[1:], target])
         raise InputError(f"{source}: ssh_config of {target!r} cannot be read: {why}",
-                         hint=f"`ssh -G {target}` shows what OpenSSH makes of it")
+                         hint=f"`ssh {shown}` shows what OpenSSH makes of it")
     values: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
