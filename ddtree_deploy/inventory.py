@@ -160,11 +160,6 @@ class Host:
         }
 
 
-def default_inventory_dir() -> Path:
-    """``$DDTREE_INVENTORY``, else the checkout's ``hosts/``, else the user config dir (ddtree_deploy.paths)."""
-    return paths.inventory_dir()
-
-
 def _read_text(path: Path, source: str) -> str:
     try:
         data = path.read_bytes()
