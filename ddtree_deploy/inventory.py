@@ -294,11 +294,11 @@ class Inventory:
         chosen, unusable = self._match(list(patterns))
         limit = list(limit)
         if limit:
-            allowed, _ = self._match(limit)
-            names = {h.name for h in allowed}
+            allowed, allowed_unusable = self._match(limit)
+            names = {h.name for h in allowed} | set(allowed_unusable)
             chosen = [h for h in chosen if h.name in names]
-            unusable = {}
-            if not chosen:
+            unusable = {n: why for n, why in unusable.items() if n in names}
+            if not chosen and not unusable:
                 raise InputError(f"--limit {','.join(limit)} leaves none of the selected hosts",
                                  hint="`ddtree-deploy hosts list` shows the hosts and their groups")
         return chosen, unusable

@@ -228,6 +228,8 @@ def test_a_pattern_takes_unusable_hosts_in_as_reported_but_naming_one_raises(tmp
     write(tmp_path, {**GOOD, "port": "ssh"}, "gpu3.yaml")
     hosts, unusable = scan_inventory(inv).select(["gpu*"])
     assert [h.name for h in hosts] == ["gpu1", "gpu2"] and "field 'port'" in unusable["gpu3"]
+    hosts, unusable = scan_inventory(inv).select(["all"], ["gpu1", "gpu3*"])  # --limit keeps what it also names
+    assert [h.name for h in hosts] == ["gpu1"] and list(unusable) == ["gpu3"]
     with pytest.raises(InputError, match="host 'gpu3' cannot be used"):
         scan_inventory(inv).select(["gpu3"])
 

@@ -109,6 +109,10 @@ def test_bad_host_patterns_are_usage_errors_naming_the_pattern(cli, tmp_path: Pa
         assert proc.returncode == 2 and "unknown host 'nosuch'" in proc.stderr, (command, proc.stderr)
         proc = cli(*command, "-H", "nosuch", **env)  # ... and as -H HOST
         assert proc.returncode == 2 and "unknown host 'nosuch'" in proc.stderr, (command, proc.stderr)
+    for command in (["apply"], ["snapshot"], ["abi"], ["hosts", "check"]):  # and the several-host ones
+        for argv in (["nosuch"], ["-H", "gpu1,nosuch"], ["--limit", "nosuch"]):
+            proc = cli(*command, *argv, **env)
+            assert proc.returncode == 2 and "unknown host 'nosuch'" in proc.stderr, (command, argv, proc.stderr)
 
 
 @pytest.fixture()
