@@ -141,6 +141,7 @@ def apply_cmd(
     """Deploy the DDTree overlay: patch set → ABI check → lock → push → switch → restart → probe → roll back on failure.
 
     Hosts: HOST..., -H PATTERN (a,b / 'gpu*' / a group), --all, or --retry-failed; --limit narrows them.
+
     Several hosts: the first is the canary; the rest follow in parallel (--max-parallel) until more than --max-fail
     have failed. A host with no generation baseline gets one first (server restarted with DDTree off, the fixed
     prompts recorded in <release_root>/probe-baseline.json). A host whose active release already holds the overlay
