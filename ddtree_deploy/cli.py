@@ -3,7 +3,7 @@
 Commands live in ``ddtree_deploy/commands/`` (each module's ``register(app)`` adds them); every failure that
 reaches the top is turned into one line + a hint and an exit code in one place, ``ddtree_deploy.cli_errors``.
 Exit codes: 0 ok; 1 operation failed (probe failed, rolled back); 2 usage or bad input; 3 host unreachable or SSH
-failure; 4 ABI incompatibility; 5 patch does not apply to this base.
+failure; 4 ABI incompatibility; 5 patch does not apply to this base; 6 the host lock is held by another run.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from .console import fold_help_text, out, set_wide, setup_logging, take_wide_fla
 PROG = "ddtree-deploy"
 
 app = typer.Typer(
+    cls=cli_errors.Group,
     help=(
         "Deploy DDTree speculative decoding onto the SGLang already installed on your GPU hosts.\n\n"
         "Flow: snapshot the installed SGLang → check a DDTree patch set applies → ABI-check the hosts → push an overlay "
         "release (the installed package is never edited) → restart → probe → roll back automatically on failure.\n\n"
-        "Exit codes: 0 ok, 1 failed (rolled back), 2 bad input, 3 host unreachable, 4 ABI incompatible, 5 patch does not apply."
+        "Exit codes: 0 ok, 1 failed (rolled back), 2 bad input, 3 host unreachable, 4 ABI incompatible, 5 patch does not "
+        "apply, 6 host locked by another run."
     ),
     no_args_is_help=True,
     add_completion=True,

@@ -4,7 +4,13 @@ Commands only parse their arguments and call the module that owns the job. Whate
 error from ``ddtree_deploy.errors`` (it carries its exit code), a usage error from the command-line parser, Ctrl-C,
 or a bug — is turned here into one line and a hint on stderr (one JSON object on stdout under ``--json``), and an
 exit code: 0 ok, 1 failed (rolled back), 2 usage or bad input, 3 host unreachable, 4 ABI incompatible, 5 patch
-does not apply, 130 interrupted. No traceback unless ``-v`` asks for one (and then only for a bug).
+does not apply, 6 the host lock is held by another run, 130 interrupted. No traceback unless ``-v`` asks for one
+(and then only for a bug).
+
+Suggestions come from the parser, never from its message text: click's ``NoSuchOption.possibilities`` for an
+option, and for a command ``NoSuchCommand.possibilities``, raised by ``Group`` (the class of every command group
+of the app) in the same shape, because click offers none for commands and typer writes its suggestion into the
+message.
 """
 
 from __future__ import annotations
@@ -20,19 +26,50 @@ import typer
 from rich.markup import escape
 
 from .console import err
-from .errors import EXIT_ABI, EXIT_FAILED, EXIT_PATCH, EXIT_UNREACHABLE, EXIT_USAGE, DeployError
+from .errors import EXIT_ABI, EXIT_FAILED, EXIT_LOCKED, EXIT_PATCH, EXIT_UNREACHABLE, EXIT_USAGE, DeployError
 
 try:  # typer >= 0.29 runs on its own bundled copy of click and no longer installs the click package
     from typer._click import exceptions as click_exceptions
+    from typer._click import globals as click_globals
 except ImportError:  # older typer runs on the click package
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
+    from click import globals as click_globals  # type: ignore[no-redef]
 
 EXIT_INTERRUPTED = 130
 _ABORTS: tuple[type[BaseException], ...] = tuple(
     x for x in (KeyboardInterrupt, typer.Abort, getattr(click_exceptions, "Abort", None)) if x is not None)
 _KIND = {EXIT_FAILED: "failed", EXIT_USAGE: "input", EXIT_UNREACHABLE: "unreachable", EXIT_ABI: "abi",
-         EXIT_PATCH: "patch"}
+         EXIT_PATCH: "patch", EXIT_LOCKED: "locked"}
 log = logging.getLogger("ddtree_deploy")
+
+
+class NoSuchCommand(click_exceptions.UsageError):
+    """A subcommand that does not exist, with the close ones (as click's NoSuchOption carries for options)."""
+
+    def __init__(self, name: str, commands: list[str], ctx: Any = None) -> None:
+        super().__init__(f"No such command {name!r}.", ctx)
+        self.name = name
+        self.possibilities = difflib.get_close_matches(name, commands, n=3, cutoff=0.5)
+
+
+class Group(typer.core.TyperGroup):
+    """Every command group of the app: an unknown subcommand raises NoSuchCommand (its suggestions attached)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None and not ctx.resilient_parsing:
+            raise NoSuchCommand(args[0], self.list_commands(ctx), ctx)
+        return super().resolve_command(ctx, args)
+
+
+def missing_argument(name: str) -> BaseException:
+    """The parser's own "missing argument" error, for an argument a command checks itself (HOST or --host)."""
+    return click_exceptions.MissingParameter(ctx=click_globals.get_current_context(silent=True), param_type="argument",
+                                             param_hint=f"'{name}'")
+
+
+def usage(message: str) -> BaseException:
+    """A usage error of the current command (exit 2, the usage line as hint)."""
+    return click_exceptions.UsageError(message, ctx=click_globals.get_current_context(silent=True))
 
 
 @dataclass(frozen=True)
@@ -63,33 +100,25 @@ def classify(exc: BaseException) -> Failure:
 
 
 def usage_error(exc: Any) -> tuple[str, str]:
-    """One line and a hint for a parser error: what was wrong, a suggestion when one is close, where the help is."""
+    """One line and a hint for a parser error: what was wrong, the parser's suggestion when it has one, where the
+    help is."""
     ctx = getattr(exc, "ctx", None)
     command = ctx.command_path if ctx is not None else "ddtree-deploy"
     help_hint = f"`{command} --help` shows the usage"
-    suggestion = ""
-    if isinstance(exc, click_exceptions.NoSuchOption):
-        message = f"no such option {exc.option_name}"
-        close = difflib.get_close_matches(exc.option_name, sorted(exc.possibilities or _options_of(ctx)), n=3, cutoff=0.6)
-        suggestion = f"did you mean {' or '.join(close)}? " if close else ""
-    elif exc.message.startswith("No such command") and ctx is not None:
-        name = exc.message.split("'")[1] if "'" in exc.message else ""
-        message = f"no such command '{name}'"
-        commands = ctx.command.list_commands(ctx) if hasattr(ctx.command, "list_commands") else []
-        close = difflib.get_close_matches(name, commands, n=3, cutoff=0.5)
-        suggestion = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    close = list(getattr(exc, "possibilities", None) or [])
+    if isinstance(exc, NoSuchCommand):
+        message = f"no such command {exc.name!r}"
+        close = [repr(c) for c in close]
         help_hint = f"`{command} --help` lists the commands"
+    elif isinstance(exc, click_exceptions.NoSuchOption):
+        message = f"no such option {exc.option_name}"
     else:
         message = _sentence(exc.format_message())
-        if isinstance(exc, click_exceptions.MissingParameter) and ctx is not None:
+        if ctx is not None and (isinstance(exc, click_exceptions.MissingParameter)
+                                or type(exc) is click_exceptions.UsageError):
             help_hint = f"{_sentence(ctx.get_usage())}; {help_hint}"
+    suggestion = f"did you mean {' or '.join(close)}? " if close else ""
     return message, f"{suggestion}{help_hint}"
-
-
-def _options_of(ctx: Any) -> list[str]:
-    if ctx is None:
-        return []
-    return [o for p in ctx.command.params for o in getattr(p, "opts", []) if o.startswith("-")]
 
 
 def _sentence(text: str) -> str:
@@ -113,9 +142,13 @@ def report(failure: Failure, *, as_json: bool, verbose: bool = False, exc: BaseE
 
 
 def show_help_for_missing_command(exc: Any) -> int:
-    """A group called without a subcommand prints its help on stdout (``ddtree-deploy server``); exit 2."""
-    ctx = getattr(exc, "ctx", None)
-    sys.stdout.write((ctx.get_help() if ctx is not None else exc.format_message()) + "\n")
+    """A group called without a subcommand prints its help on stdout once (``ddtree-deploy server``); exit 2.
+
+    The parser made the help when it raised: typer's rich help is printed by the making (the message is then
+    empty), plain help is the message."""
+    text = exc.format_message()
+    if text:
+        sys.stdout.write(text.rstrip("\n") + "\n")
     return EXIT_USAGE
 
 

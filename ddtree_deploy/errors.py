@@ -12,6 +12,7 @@ EXIT_USAGE = 2  # usage or bad input (inventory, patch set)
 EXIT_UNREACHABLE = 3  # host unreachable or SSH failure
 EXIT_ABI = 4  # ABI incompatibility
 EXIT_PATCH = 5  # patch does not apply to this base
+EXIT_LOCKED = 6  # another run holds the host's deploy lock: nothing was changed; wait, or --break-lock if it is dead
 EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C, SIGTERM): the host was settled (rolled back) before we exited
 
 
@@ -59,6 +60,12 @@ class Interrupted(DeployError):
     exit_code = EXIT_INTERRUPTED
 
 
+class ConnectFailed(TransportError):
+    """No SSH session could be opened: the TCP connection was refused, reset or timed out, or the peer sent no
+    banner. Nothing ran on the host, so the attempt may be repeated (a fleet retries it once: fleet.py). Not an
+    authentication or host-key failure, and not a name that does not resolve: those do not get better by waiting."""
+
+
 class HostKeyError(TransportError):
     """The host's key is unknown or changed; we never connect to such a host silently."""
 
@@ -71,6 +78,12 @@ class RemoteError(OperationFailed):
         self.host = host
         self.op = op
         self.kind = kind
+
+
+class LockHeld(OperationFailed):
+    """Another run holds the host's deploy lock (or a dead run left it behind); nothing was changed."""
+
+    exit_code = EXIT_LOCKED
 
 
 class Fenced(OperationFailed):

@@ -5,6 +5,10 @@ because it only stopped when *every* host failed): the canary must pass before a
 that at most ``max_parallel`` hosts run at once, and once more than ``max_fail`` hosts have failed no new host is
 started (the threshold is exceeded, not equalled); hosts already running finish. Every host gets a line in the
 recap; failed and skipped hosts are written to a retry file for ``--retry-failed``.
+
+A host whose SSH connection could not be opened at all (refused, reset, timed out, no banner: ``ConnectFailed``,
+so nothing ran there) is tried once more after ``CONNECT_RETRY_WAIT`` seconds (tenacity), like a node whose sshd
+comes up a moment late; an authentication, host-key or name failure is not (waiting does not fix it).
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import tenacity
+
 from .deploy import ApplyReport
-from .errors import DeployError, EXIT_FAILED, EXIT_OK, InputError
+from .errors import ConnectFailed, DeployError, EXIT_FAILED, EXIT_OK, InputError
 from .inventory import Host
 
 DEFAULT_RETRY_FILE = Path("ddtree-deploy.retry")
+CONNECT_RETRY_WAIT = 3.0  # seconds before the one retry of a host whose connection could not be opened
 
 
 @dataclass
@@ -47,11 +54,20 @@ class FleetResult:
                 "hosts": [r.to_dict() for r in self.reports]}
 
 
-def _guarded(action: Callable[[Host], ApplyReport], host: Host) -> ApplyReport:
-    """A refusal before any change (lock held, ABI, unreachable) becomes a failed report, not a crash of the fleet."""
+def _guarded(action: Callable[[Host], ApplyReport], host: Host,
+             progress: Callable[[str], None] = lambda m: None) -> ApplyReport:
+    """A refusal before any change (lock held, ABI, unreachable) becomes a failed report, not a crash of the fleet.
+    A connection that could not be opened is retried once (the module docstring says why that is safe)."""
     t = time.monotonic()
+
+    def again(state: tenacity.RetryCallState) -> None:
+        failure = state.outcome.exception() if state.outcome else None
+        progress(f"{host.name}: {failure}; trying once more in {CONNECT_RETRY_WAIT:g} s")
+
+    once_more = tenacity.Retrying(retry=tenacity.retry_if_exception_type(ConnectFailed), stop=tenacity.stop_after_attempt(2),
+                                  wait=tenacity.wait_fixed(CONNECT_RETRY_WAIT), before_sleep=again, reraise=True)
     try:
-        return action(host)
+        return once_more(action, host)
     except DeployError as exc:
         status = "unreachable" if exc.exit_code == 3 else "refused"
         # a cut or interrupted run carries how its host was settled: the recap keeps where it went back to
@@ -77,7 +93,7 @@ def rollout(hosts: list[Host], action: Callable[[Host], ApplyReport], *, max_par
     if canary and len(hosts) > 1:
         first = rest.pop(0)
         progress(f"canary: {first.name}")
-        report = _guarded(action, first)
+        report = _guarded(action, first, progress)
         reports.append(report)
         if not report.ok:
             names = [h.name for h in rest]
@@ -113,7 +129,7 @@ def _rest(hosts: list[Host], rest: list[Host], reports: list[ApplyReport], actio
                         break
                 host = queue.pop(0)
                 progress(f"starting {host.name}")
-                pending.add(pool.submit(_guarded, action, host))
+                pending.add(pool.submit(_guarded, action, host, progress))
             if not pending:
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -5,13 +5,22 @@ else, so a typo is caught once, with the file and field named, before any host i
 its own host out: the other hosts stay usable, the bad one is reported loudly (a warning naming the file and
 field on every load), and a command that names it fails with exit 2. Every problem of a file is listed at once.
 
-Where the inventory is: ``--inventory``, ``$DDTREE_INVENTORY``, the checkout's ``hosts/``, else
-``~/.config/ddtree-deploy/hosts`` (ddtree_deploy.paths). Documented examples live in ``hosts/examples/``, which is
+Where the inventory is: ``--inventory`` or ``$DDTREE_INVENTORY`` (that directory alone); else, in a checkout, its
+``hosts/`` and the user inventory ``~/.config/ddtree-deploy/hosts`` both; installed, the user inventory
+(ddtree_deploy.paths.inventory_dirs). A host name defined in two files, in one directory or across the two, makes
+the host unusable with an error naming both files: which one was meant cannot be known. Each host remembers the
+inventory it came from (``hosts list`` shows it). Documented examples live in ``hosts/examples/``, which is
 never loaded by default.
+
+Groups, as in Ansible: a host file's ``groups: [gpu, eu]``, and/or a ``groups.yaml`` in an inventory directory
+(``gpu: [gpu1, gpu2]``). Commands choose hosts by pattern (``select``): names, groups, globs over both
+(``'gpu*'``), ``all``, comma-separated (``-H a,b``), ``!x`` to leave one out, narrowed by ``--limit``.
 """
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import logging
 import posixpath
 import re
@@ -103,6 +112,8 @@ class HostFile(Strict):
     site_packages: AbsolutePath = setting(help="site-packages holding the installed sglang")
     release_root: AbsolutePath = setting(help="where overlay releases live")
     keep_releases: Positive = setting(5)
+    groups: list[checked(str, host_name, json={"pattern": HOST_NAME.pattern})] = setting(
+        factory=list, help="groups this host belongs to (select them with -H GROUP, like Ansible's)")
     sandbox: bool = setting(False, help="written by `ddtree-deploy sandbox up`")
     server: ServerSection = setting(factory=ServerSection)
     probe: ProbeSection = setting(factory=ProbeSection)
@@ -139,9 +150,11 @@ class Host:
     command_timeout: float = 600.0
     keep_releases: int = 5
     description: str = ""
+    groups: tuple[str, ...] = ()
     sandbox: bool = False
     server: dict[str, Any] = field(default_factory=dict)
     probe: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""  # the inventory the file was read from: checkout, user, $DDTREE_INVENTORY, --inventory
 
     @property
     def target(self) -> str:
@@ -160,13 +173,10 @@ class Host:
             "site_packages": self.site_packages,
             "release_root": self.release_root,
             "server": self.server.get("kind", "none"),
+            "groups": list(self.groups),
+            "inventory": self.origin,
             "file": self.source,
         }
-
-
-def default_inventory_dir() -> Path:
-    """``$DDTREE_INVENTORY``, else the checkout's ``hosts/``, else the user config dir (ddtree_deploy.paths)."""
-    return paths.inventory_dir()
 
 
 def _read_text(path: Path, source: str) -> str:
@@ -182,7 +192,7 @@ def _read_text(path: Path, source: str) -> str:
                          hint="save the host file as UTF-8") from exc
 
 
-def load_host_file(path: Path) -> Host:
+def load_host_file(path: Path, origin: str = "file") -> Host:
     """Parse and validate one host file; every problem is reported at once, each naming ``path`` and the field."""
     source = str(path)
     text = _read_text(path, source)
@@ -197,7 +207,8 @@ def load_host_file(path: Path) -> Host:
         problems += _cross_field_problems(doc, data, path)
     raise_problems(source, problems)
     name = data.pop("name") or path.stem
-    return Host(name=name, source=source, **data)
+    data["groups"] = tuple(data.get("groups") or ())
+    return Host(name=name, source=source, origin=origin, **data)
 
 
 def _cross_field_problems(doc: dict[str, Any], data: dict[str, Any], path: Path) -> list[str]:
@@ -233,14 +244,29 @@ def release_root_problems(release_root: str, site_packages: str, package: str | 
     return []
 
 
+GROUPS_FILE = "groups.yaml"  # an inventory directory's groups (group -> host names); never a host file
+_GLOB = re.compile(r"[*?\[]")
+
+
 @dataclass
 class Inventory:
-    """The hosts of an inventory directory: the good ones by name, and each bad file with why it is bad."""
+    """The hosts of the inventory directories: the good ones by name, each bad file with why it is bad, and the
+    groups (from the host files' ``groups`` and the directories' groups.yaml)."""
 
-    directory: Path
+    directories: list[tuple[Path, str]]  # (directory, where it comes from), in the order read
     hosts: dict[str, Host] = field(default_factory=dict)
     broken: dict[str, InputError] = field(default_factory=dict)  # host name (or file stem) -> its error
     broken_files: dict[str, str] = field(default_factory=dict)  # host name (or file stem) -> file
+    groups: dict[str, list[str]] = field(default_factory=dict)  # group -> member host names, in file order
+    group_files: dict[str, str] = field(default_factory=dict)  # group -> the groups.yaml that lists it (if one)
+    shadowed: list[tuple[Path, str]] = field(default_factory=list)  # default inventories not read (explicit one set)
+
+    @property
+    def directory(self) -> Path:
+        return self.directories[0][0]
+
+    def describe(self) -> str:
+        return " + ".join(str(d) for d, _ in self.directories)
 
     def warn(self, skip: Iterable[str] = ()) -> None:
         """One warning per bad file: it names the file and field, and says the host is left out (``skip``: hosts
@@ -262,10 +288,85 @@ class Inventory:
         if name in self.broken:
             error = self.broken[name]
             raise InputError(f"host {name!r} cannot be used: {error.message}", hint=error.hint) from error
+        raise self._unknown(name)
+
+    def _unknown(self, name: str, what: str = "host") -> InputError:
         known = ", ".join(sorted(self.hosts)) or "none"
         bad = f"; unusable: {', '.join(sorted(self.broken))}" if self.broken else ""
-        raise InputError(f"unknown host {name!r} (inventory {self.directory} has: {known}{bad})",
-                         hint="`ddtree-deploy hosts list` shows the inventory; README: 'Writing a host file'")
+        groups = f"; groups: {', '.join(sorted(self.groups))}" if self.groups else ""
+        close = difflib.get_close_matches(name, [*self.hosts, *self.broken, *self.groups], n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        hint += "`ddtree-deploy hosts list` shows the inventory; README: 'Writing a host file'"
+        for directory, origin in self.shadowed:  # the file is there, in an inventory this run does not read
+            for path in (directory / f"{name}.yaml", directory / f"{name}.yml"):
+                if path.is_file():
+                    hint = (f"{path} defines it, but the {origin} inventory is not read while "
+                            f"{self.directories[0][1]} is set: move the file to {self.directory / path.name}")
+        return InputError(f"unknown {what} {name!r} (inventory {self.describe()} has: {known}{bad}{groups})", hint=hint)
+
+    # -- choosing hosts by pattern ---------------------------------------------------------------------------------
+    def select(self, patterns: Iterable[str], limit: Iterable[str] = ()) -> tuple[list[Host], dict[str, str]]:
+        """The hosts the patterns name, in order, each once; narrowed to those ``limit`` also names (when given).
+
+        A term is a host name, a host file path, a group, ``all``, or a glob over host and group names
+        (``gpu*``); ``!term`` leaves hosts out. Returns the hosts and the unusable ones a group, glob or ``all``
+        took in (name -> why: reported, not worked on); a host named outright whose file is bad raises (exit 2),
+        and so does a term that matches nothing.
+        """
+        chosen, unusable = self._match(list(patterns))
+        limit = list(limit)
+        if limit:
+            allowed, allowed_unusable = self._match(limit)
+            names = {h.name for h in allowed} | set(allowed_unusable)
+            chosen = [h for h in chosen if h.name in names]
+            unusable = {n: why for n, why in unusable.items() if n in names}
+            if not chosen and not unusable:
+                raise InputError(f"--limit {','.join(limit)} leaves none of the selected hosts",
+                                 hint="`ddtree-deploy hosts list` shows the hosts and their groups")
+        return chosen, unusable
+
+    def _match(self, terms: list[str]) -> tuple[list[Host], dict[str, str]]:
+        chosen: dict[str, Host] = {}
+        unusable: dict[str, str] = {}
+        excluded: set[str] = set()
+        for term in terms:
+            if term.startswith("!"):
+                excluded.update(self._names(term[1:]))
+                continue
+            for name in self._names(term):
+                if name in self.broken and not (term == name or host_file_path(term)):
+                    unusable[name] = self.broken[name].message
+                elif host_file_path(term):
+                    host = load_host_file(Path(term))
+                    chosen.setdefault(host.name, host)
+                else:
+                    chosen.setdefault(name, self.get(name))
+        return ([h for n, h in chosen.items() if n not in excluded],
+                {n: why for n, why in unusable.items() if n not in excluded})
+
+    def _names(self, term: str) -> list[str]:
+        """The host names one term stands for (unusable hosts included; ``get`` raises for them later)."""
+        if host_file_path(term):
+            return [term]
+        if term == "all":
+            return [*self.hosts, *(n for n in self.broken if n not in self.hosts)]
+        if _GLOB.search(term):
+            names = [n for n in [*self.hosts, *self.broken] if fnmatch.fnmatchcase(n, term)]
+            for group in (g for g in self.groups if fnmatch.fnmatchcase(g, term)):
+                names += self._members(group)
+            if not names:
+                raise self._unknown(term, "host pattern")
+            return list(dict.fromkeys(names))
+        if term in self.groups and term not in self.hosts and term not in self.broken:
+            return self._members(term)
+        return [term]
+
+    def _members(self, group: str) -> list[str]:
+        for name in self.groups[group]:
+            if name not in self.hosts and name not in self.broken:
+                raise InputError(f"{self.group_files.get(group, 'groups')}: group {group!r} lists unknown host {name!r}",
+                                 hint=f"add a host file for {name!r} or remove it from the group")
+        return self.groups[group]
 
 
 def host_file_path(name: str) -> Path | None:
@@ -286,42 +387,95 @@ def _names_in(path: Path) -> list[str]:
     return names
 
 
+def _inventory_dirs(directory: Path | None) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]], bool]:
+    """The directories to read, the default ones an explicit choice leaves unread, and whether it was explicit."""
+    defaults = [(paths.checkout_root() / "hosts", "checkout")] if paths.checkout_root() else []
+    defaults.append((paths.user_inventory_dir(), "user"))
+    if directory is not None:
+        chosen = [(directory, "--inventory")]
+    else:
+        chosen = paths.inventory_dirs()
+    explicit = directory is not None or paths.inventory_is_explicit()
+    chosen_paths = {d.absolute() for d, _ in chosen}
+    shadowed = [(d, o) for d, o in defaults if explicit and d.absolute() not in chosen_paths]
+    return chosen, shadowed, explicit
+
+
+def _read_groups(path: Path, inventory: Inventory) -> None:
+    """A groups.yaml: ``group: [host, ...]``; a bad one is an error naming the file (it concerns many hosts)."""
+    try:
+        doc = yaml.safe_load(_read_text(path, str(path)))
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    if doc is None:
+        return
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: expected a mapping of group name to a list of host names, got {type(doc).__name__}")
+    for group, members in doc.items():
+        if not isinstance(group, str) or host_name(group):
+            raise InputError(f"{path}: group {group!r}: {host_name(str(group)) or 'expected a string'}")
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise InputError(f"{path}: group {group!r}: expected a list of host names")
+        inventory.groups.setdefault(group, [])
+        inventory.groups[group] += [m for m in members if m not in inventory.groups[group]]
+        inventory.group_files[group] = str(path)
+
+
 def scan_inventory(directory: Path | None = None) -> Inventory:
-    """Load every ``*.yaml`` of the inventory directory; bad files are collected, not raised.
+    """Load every host file (``*.yaml`` but groups.yaml) of the inventory directories; bad files are collected,
+    not raised.
 
     Two files claiming one name both become unusable (which one was meant cannot be known). A missing default
     inventory is empty; a missing inventory the user chose (flag or $DDTREE_INVENTORY) is an error.
     """
-    explicit = directory is not None or paths.inventory_is_explicit()
-    directory = directory or default_inventory_dir()
-    inventory = Inventory(directory)
-    if not directory.is_dir():
-        if explicit:
-            raise InputError(f"{directory}: inventory directory not found (set --inventory or DDTREE_INVENTORY)")
-        log.debug("no inventory at %s (the default); no hosts", directory)
-        return inventory
+    directories, shadowed, explicit = _inventory_dirs(directory)
+    inventory = Inventory(directories, shadowed=shadowed)
     sources: dict[str, str] = {}
-    for path in sorted(directory.glob("*.yaml")):
-        try:
-            host = load_host_file(path)
-        except InputError as exc:
-            for name in _names_in(path):
-                inventory.broken.setdefault(name, exc)
-                inventory.broken_files.setdefault(name, str(path))
+    for root, origin in directories:
+        if not root.is_dir():
+            if explicit:
+                raise InputError(f"{root}: inventory directory not found (set --inventory or DDTREE_INVENTORY)")
+            log.debug("no inventory at %s (the %s default); no hosts from it", root, origin)
             continue
-        if host.name in sources:
-            exc = InputError(f"{path}: host name {host.name!r} already defined in {sources[host.name]}",
-                             hint="give each host file its own 'name'")
-            inventory.hosts.pop(host.name, None)
-            inventory.broken[host.name] = exc
-            inventory.broken_files[host.name] = str(path)
-            continue
-        sources[host.name] = str(path)
-        if host.name in inventory.broken:
-            continue  # a duplicate of a file already found broken stays out too
-        inventory.hosts[host.name] = host
-    log.debug("inventory %s: %d host(s), %d unusable", directory, len(inventory.hosts), len(inventory.broken))
+        for path in sorted(root.glob("*.yaml")):
+            if path.name == GROUPS_FILE:
+                _read_groups(path, inventory)
+                continue
+            _add_file(inventory, sources, path, origin)
+    for host in inventory.hosts.values():
+        for group in host.groups:
+            members = inventory.groups.setdefault(group, [])
+            if host.name not in members:
+                members.append(host.name)
+    for group in inventory.groups:
+        if group in inventory.hosts or group in inventory.broken:
+            raise InputError(f"{inventory.group_files.get(group) or inventory.hosts[group].source}: group {group!r} "
+                             "has the name of a host", hint="give the group a name no host has")
+    log.debug("inventory %s: %d host(s), %d unusable, %d group(s)", inventory.describe(), len(inventory.hosts),
+              len(inventory.broken), len(inventory.groups))
     return inventory
+
+
+def _add_file(inventory: Inventory, sources: dict[str, str], path: Path, origin: str) -> None:
+    try:
+        host = load_host_file(path, origin)
+    except InputError as exc:
+        for name in _names_in(path):
+            inventory.broken.setdefault(name, exc)
+            inventory.broken_files.setdefault(name, str(path))
+        return
+    if host.name in sources:
+        both = "" if Path(sources[host.name]).parent == path.parent else (
+            "; a checkout reads its hosts/ and the user inventory both: keep one of the two files")
+        exc = InputError(f"{path}: host name {host.name!r} already defined in {sources[host.name]}",
+                         hint="give each host file its own 'name'" + both)
+        inventory.hosts.pop(host.name, None)
+        inventory.broken[host.name] = exc
+        inventory.broken_files[host.name] = str(path)
+        return
+    sources[host.name] = str(path)
+    if host.name not in inventory.broken:  # a duplicate of a file already found broken stays out too
+        inventory.hosts[host.name] = host
 
 
 def load_inventory(directory: Path | None = None) -> dict[str, Host]:

@@ -2,14 +2,16 @@
 
 One rule for each: an explicit flag, else the environment variable, else the source checkout when the package
 runs from one (``make demo`` / ``make test`` keep using the repo's ``patches/``, ``hosts/``, ``snapshots/``), else
-the installed package data (patch sets) or the user's XDG directories. Never the current directory by accident:
+the installed package data (patch sets) or the user's XDG directories (found by ``platformdirs``). The
+inventory is the one exception to "one place": a checkout reads its ``hosts/`` and the user's inventory both
+(``inventory_dirs``). Never the current directory by accident:
 a command run from ``/tmp`` must not pick up ``/tmp/patches`` or write a ``/tmp/snapshots`` store.
 
 ================  ==================  =================  ===========================================
 what              variable            in a checkout      installed
 ================  ==================  =================  ===========================================
 patch sets        $DDTREE_PATCHES     patches/           the wheel's ``ddtree_deploy/_patches``
-inventory         $DDTREE_INVENTORY   hosts/             $XDG_CONFIG_HOME/ddtree-deploy/hosts
+inventory         $DDTREE_INVENTORY   hosts/ + user's    $XDG_CONFIG_HOME/ddtree-deploy/hosts
 snapshot store    $DDTREE_SNAPSHOTS   snapshots/         $XDG_DATA_HOME/ddtree-deploy/snapshots
 retry file        (``--retry-file``)  ddtree-deploy.retry  $XDG_STATE_HOME/ddtree-deploy/last-apply.retry
 sandbox state     $DDTREE_SANDBOX_DIR .sandbox/          $XDG_STATE_HOME/ddtree-deploy/sandbox
@@ -22,6 +24,8 @@ import logging
 import os
 from functools import lru_cache
 from pathlib import Path
+
+import platformdirs
 
 log = logging.getLogger("ddtree_deploy.paths")
 
@@ -49,22 +53,17 @@ def checkout_root() -> Path | None:
     return root if f'name = "{APP}"' in text else None
 
 
-def _xdg(variable: str, fallback: str) -> Path:
-    value = os.environ.get(variable)
-    base = Path(value) if value and os.path.isabs(value) else Path.home() / fallback  # the spec ignores relative values
-    return base / APP
-
-
 def config_dir() -> Path:
-    return _xdg("XDG_CONFIG_HOME", ".config")
+    """``$XDG_CONFIG_HOME/ddtree-deploy`` (platformdirs: the platform's rules, a relative XDG value ignored)."""
+    return platformdirs.user_config_path(APP, appauthor=False)
 
 
 def data_dir() -> Path:
-    return _xdg("XDG_DATA_HOME", ".local/share")
+    return platformdirs.user_data_path(APP, appauthor=False)
 
 
 def state_dir() -> Path:
-    return _xdg("XDG_STATE_HOME", ".local/state")
+    return platformdirs.user_state_path(APP, appauthor=False)
 
 
 def _env_path(variable: str) -> Path | None:
@@ -97,9 +96,30 @@ def patches_root() -> Path:
     return _chosen("DDTREE_PATCHES", "patches", PACKAGED_PATCHES)
 
 
+def user_inventory_dir() -> Path:
+    """The inventory of an installed tool: ``$XDG_CONFIG_HOME/ddtree-deploy/hosts``."""
+    return config_dir() / "hosts"
+
+
 def inventory_dir() -> Path:
-    """``$DDTREE_INVENTORY``, else the checkout's ``hosts/``, else ``$XDG_CONFIG_HOME/ddtree-deploy/hosts``."""
-    return _chosen("DDTREE_INVENTORY", "hosts", config_dir() / "hosts")
+    """Where new host files are written (``sandbox up``): ``$DDTREE_INVENTORY``, else the checkout's ``hosts/``,
+    else the user inventory."""
+    return _chosen("DDTREE_INVENTORY", "hosts", user_inventory_dir())
+
+
+def inventory_dirs() -> list[tuple[Path, str]]:
+    """The inventory directories read, each with where it comes from (``hosts list`` shows it).
+
+    ``$DDTREE_INVENTORY`` alone when set. In a checkout, its ``hosts/`` *and* the user inventory (a host file put
+    where the README's first steps say is found from a checkout too); a name defined in both makes that host
+    unusable, the error naming both files. Installed: the user inventory.
+    """
+    env = _env_path("DDTREE_INVENTORY")
+    if env is not None:
+        return [(_note(env, "$DDTREE_INVENTORY"), "$DDTREE_INVENTORY")]
+    checkout = checkout_root()
+    user = (user_inventory_dir(), "user")
+    return [(_note(checkout / "hosts", "the checkout"), "checkout"), user] if checkout else [user]
 
 
 def inventory_is_explicit() -> bool:

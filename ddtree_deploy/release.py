@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ConnectionCut, DeployError, Fenced, Interrupted, OperationFailed, RemoteError, is_cut
+from .errors import ConnectionCut, DeployError, Fenced, Interrupted, LockHeld, OperationFailed, RemoteError, is_cut
 from .inventory import Host
 from .overlay import Overlay
 from .lease import Lease, describe_holder, owner_record, tool_gone_here
@@ -30,10 +30,6 @@ _CHUNK = 1 << 16
 _DRIFT_HINT = ("take a fresh snapshot (`ddtree-deploy snapshot HOST`) and apply again, so the patch set is applied to "
                "what is installed now; --allow-base-drift pushes the old files anyway (the host's changes to them are "
                "then not in the release)")
-
-
-class LockHeld(OperationFailed):
-    """Another run holds the host's deploy lock (or a dead run left it behind)."""
 
 
 class PushFailed(OperationFailed):

@@ -11,6 +11,7 @@ A ``null`` value means "not given" (the default applies), as YAML users expect o
 
 from __future__ import annotations
 
+import difflib
 import math
 import types
 import typing
@@ -156,7 +157,11 @@ def problems_of(model: type[BaseModel], exc: ValidationError, doc: Any, prefix: 
             parent_model = _unwrap(_info_at(model, loc[:-1])[2]) if loc[:-1] else model
             if not (isinstance(parent_model, type) and issubclass(parent_model, BaseModel)):
                 parent_model = owner
-            unknown.append((str(loc[-1]), f"unknown field '{path}' (known fields here: {_known(parent_model)})"))
+            names = list(parent_model.model_fields) if parent_model else []
+            close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+            parent = path.rpartition(".")[0]
+            mean = f"did you mean '{parent + '.' if parent else ''}{close[0]}'? " if close else ""
+            unknown.append((str(loc[-1]), f"unknown field '{path}' ({mean}known fields here: {_known(parent_model)})"))
             continue
         if e["type"] == "missing":
             what = f" ({info.description})" if info is not None and info.description else ""

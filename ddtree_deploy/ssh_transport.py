@@ -25,8 +25,9 @@ from typing import Any, Iterable, Iterator
 import paramiko
 from fabric import Config, Connection
 
-from .errors import HostKeyError, InputError, RemoteError, TransportError
+from .errors import ConnectFailed, HostKeyError, InputError, RemoteError, TransportError
 from .inventory import Host
+from .ssh_config import config_files, paramiko_config, resolve
 from .transport import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
                         StreamReader, output_overflow, pump_stdin, short)
 
@@ -38,7 +39,6 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 #: how long output may still arrive after the exit status when no EOF comes (a daemon kept the stdout)
 _EXIT_GRACE = 0.5
 _POLL = 0.002
-DEFAULT_SSH_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
 
 
 class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
@@ -91,7 +91,7 @@ class SSHConnection(HostConnection):
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
-        self._config_paths = [host.ssh_config] if host.ssh_config else list(DEFAULT_SSH_CONFIGS)
+        self._config_paths = config_files(host)
         if host.ssh_config and not os.path.isfile(os.path.expanduser(host.ssh_config)):
             raise InputError(f"{host.source}: field 'ssh_config': {host.ssh_config} does not exist")
         timeout = host.connect_timeout
@@ -101,13 +101,13 @@ class SSHConnection(HostConnection):
         if host.identity_file:
             connect_kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
             connect_kwargs["look_for_keys"] = False
-        overrides: dict[str, Any] = {"load_ssh_configs": True, "connect_kwargs": connect_kwargs,
-                                     "timeouts": {"connect": timeout}}
-        if host.ssh_config:
-            config = Config(overrides=overrides, runtime_ssh_path=os.path.expanduser(host.ssh_config))
-        else:
-            config = Config(overrides=overrides)
+        overrides: dict[str, Any] = {"connect_kwargs": connect_kwargs, "timeouts": {"connect": timeout}}
+        # paramiko reads the files for what a connection needs beyond the address (IdentityFile, ProxyJump hops),
+        # their Includes expanded first (ssh_config.py); the address itself is OpenSSH's (`ssh -G`) where it exists
+        config = Config(overrides=overrides, ssh_config=paramiko_config(self._config_paths))
         self.conn = Connection(host.target, user=host.user, port=host.port, config=config, connect_timeout=timeout)
+        where = resolve(host)
+        self.conn.host, self.conn.port, self.conn.user = where.hostname, where.port, where.user
         for c in [self.conn, *_hops(self.conn)]:  # each hop by its own ssh_config entry
             c.connect_kwargs = {**c.connect_kwargs, "allow_agent": _agent_wanted(host, c.ssh_config)}
         _harden(self.conn, host)
@@ -161,7 +161,7 @@ class SSHConnection(HostConnection):
                                      hint=self._auth_hint(c)) from exc
             if "no existing session" in text.lower() or ("banner" in text.lower() and time.monotonic() - started >= t):
                 # a silent peer: paramiko ends the handshake wait as a missing session (or, later, a banner error)
-                raise TransportError(name, f"{where} accepted TCP but completed no SSH handshake (no banner) within "
+                raise ConnectFailed(name, f"{where} accepted TCP but completed no SSH handshake (no banner) within "
                                      f"{t:g} s", hint=self._port_hint(bastion)) from exc
             if "banner" in text.lower():  # something that is not sshd answered and hung up (a web server, say)
                 raise TransportError(name, f"{where} does not speak SSH (it closed the connection without an SSH "
@@ -171,11 +171,11 @@ class SSHConnection(HostConnection):
             raise TransportError(name, f"cannot resolve {c.host}{' for ' + where if bastion else ''}: {exc.strerror}",
                                  hint=self._resolve_hint(c, bastion)) from exc
         except (socket.timeout, TimeoutError) as exc:
-            raise TransportError(name, f"connecting to {where} timed out after {t:g} s",
+            raise ConnectFailed(name, f"connecting to {where} timed out after {t:g} s",
                                  hint=self._bastion_hint() if bastion else None) from exc
         except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, OSError, EOFError) as exc:
             detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise TransportError(name, f"cannot connect to {where}: {detail}",
+            raise ConnectFailed(name, f"cannot connect to {where}: {detail}",
                                  hint=self._bastion_hint() if bastion else None) from exc
         log.debug("%s: connected to %s in %.2f s", name, where, time.monotonic() - started)
 

@@ -189,3 +189,64 @@ def test_cli_exits_2_naming_file_and_field(tmp_path: Path) -> None:
     assert "gpu1.yaml" in proc.stderr and "'port'" in proc.stderr
     rows = {r["name"]: r for r in json.loads(proc.stdout)}
     assert rows["good"]["ok"] is True and rows["gpu1"]["ok"] is False and "'port'" in rows["gpu1"]["error"]
+
+
+def _fleet(tmp_path: Path) -> Path:
+    for name, groups in (("gpu1", ["gpu"]), ("gpu2", ["gpu", "eu"]), ("cpu1", [])):
+        write(tmp_path, {**GOOD, "groups": groups}, f"{name}.yaml")
+    (tmp_path / "groups.yaml").write_text("edge: [cpu1, gpu2]\n")
+    return tmp_path
+
+
+def _select(directory: Path, *patterns: str, limit: tuple[str, ...] = ()) -> list[str]:
+    hosts, _ = scan_inventory(directory).select(patterns, limit)
+    return [h.name for h in hosts]
+
+
+def test_patterns_choose_hosts_like_ansible(tmp_path: Path) -> None:
+    inv = _fleet(tmp_path)
+    assert _select(inv, "gpu2", "gpu1") == ["gpu2", "gpu1"]  # the order given (the first is the canary)
+    assert _select(inv, "gpu*") == ["gpu1", "gpu2"]
+    assert _select(inv, "gpu") == ["gpu1", "gpu2"]  # a group from the host files' groups:
+    assert _select(inv, "edge") == ["cpu1", "gpu2"]  # a group from groups.yaml
+    assert _select(inv, "all", "!gpu") == ["cpu1"]
+    assert _select(inv, "all", limit=("eu",)) == ["gpu2"]
+    assert _select(inv, "gpu1", "gpu") == ["gpu1", "gpu2"]  # each host once
+    assert sorted(scan_inventory(inv).groups) == ["edge", "eu", "gpu"]
+    assert not (scan_inventory(inv).hosts.keys() & {"groups"})  # groups.yaml is not a host file
+    with pytest.raises(InputError, match=r"unknown host pattern 'tpu\*'"):
+        _select(inv, "tpu*")
+    with pytest.raises(InputError, match="leaves none of the selected hosts"):
+        _select(inv, "cpu1", limit=("gpu",))
+    with pytest.raises(InputError) as info:
+        _select(inv, "gpu3")
+    assert "did you mean " in (info.value.hint or "") and "'gpu1'" in info.value.hint
+
+
+def test_a_pattern_takes_unusable_hosts_in_as_reported_but_naming_one_raises(tmp_path: Path) -> None:
+    inv = _fleet(tmp_path)
+    write(tmp_path, {**GOOD, "port": "ssh"}, "gpu3.yaml")
+    hosts, unusable = scan_inventory(inv).select(["gpu*"])
+    assert [h.name for h in hosts] == ["gpu1", "gpu2"] and "field 'port'" in unusable["gpu3"]
+    hosts, unusable = scan_inventory(inv).select(["all"], ["gpu1", "gpu3*"])  # --limit keeps what it also names
+    assert [h.name for h in hosts] == ["gpu1"] and list(unusable) == ["gpu3"]
+    with pytest.raises(InputError, match="host 'gpu3' cannot be used"):
+        scan_inventory(inv).select(["gpu3"])
+
+
+def test_bad_groups_are_errors_naming_the_file(tmp_path: Path) -> None:
+    inv = _fleet(tmp_path)
+    (inv / "groups.yaml").write_text("edge: cpu1\n")
+    with pytest.raises(InputError, match=r"groups\.yaml: group 'edge': expected a list of host names"):
+        scan_inventory(inv)
+    (inv / "groups.yaml").write_text("gpu1: [cpu1]\n")
+    with pytest.raises(InputError, match="group 'gpu1' has the name of a host"):
+        scan_inventory(inv)
+    write(tmp_path, {**GOOD, "groups": ["a/b"]}, "cpu2.yaml")
+    (inv / "groups.yaml").unlink()
+    assert "field 'groups" in scan_inventory(inv).broken["cpu2"].message
+
+
+def test_unknown_field_suggests_the_close_one(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"unknown field 'adress' \(did you mean 'address'\?"):
+        load_host_file(write(tmp_path, {**GOOD, "adress": "x"}))

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from ddtree_deploy.errors import Fenced, OperationFailed
+from ddtree_deploy.errors import EXIT_LOCKED, Fenced, OperationFailed
 from ddtree_deploy.probe import guard_spec
 from ddtree_deploy.release import LockHeld, ReleaseManager
 from ddtree_deploy.server import ServerControl
@@ -156,7 +156,7 @@ def test_every_write_command_takes_the_lock(good):
             for args in (["server", "stop", host.name], ["server", "restart", host.name], ["server", "start", host.name],
                          ["rollback", host.name], ["probe", host.name, "--record-baseline"]):
                 proc = run_cli(inv, *args)
-                assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+                assert proc.returncode == EXIT_LOCKED, (args, proc.stdout, proc.stderr)
                 assert "another deploy is in progress: run run-holding" in " ".join(proc.stderr.split()), args
         finally:
             holder.release_lock()

@@ -175,3 +175,56 @@ def test_hosts_check_cli_reports_versions(sandbox) -> None:
     rows = {r["host"]: r for r in yaml.safe_load(proc.stdout)}
     assert rows["sandbox-base"]["sglang"] == "0.5.11"
     assert rows["sandbox-drift"]["sglang"] == "0.5.23"
+
+
+def _alias_host(config: Path, alias: str, **fields):
+    from ddtree_deploy.inventory import Host
+
+    return Host(name="h", source="h.yaml", python="/usr/bin/python3", site_packages="/x", release_root="/r",
+                ssh_alias=alias, ssh_config=str(config), **fields)
+
+
+def test_ssh_config_include_is_expanded_as_openssh_does(tmp_path: Path, monkeypatch) -> None:
+    """Relative Include paths from ~/.ssh, globs in sorted order, nesting; the first value of a key wins; and
+    `ssh -G` and the paramiko fallback agree on HostName, Port and User."""
+    from ddtree_deploy import ssh_config
+
+    home = tmp_path / "home"
+    (home / ".ssh" / "conf.d").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    (home / ".ssh" / "conf.d" / "10-lab.conf").write_text("Host lab\n  HostName 10.1.2.3\n  Include nested.conf\n")
+    (home / ".ssh" / "nested.conf").write_text("  Port 2201\n  User ops\n")
+    (home / ".ssh" / "conf.d" / "20-late.conf").write_text("Host lab late\n  Port 9999\n")
+    config = tmp_path / "config"
+    config.write_text("Include conf.d/*.conf\nHost *\n  User nobody\n")
+    assert ssh_config.entries([str(config)]) == ["lab", "late"]
+    text = ssh_config.expanded_text([str(config)])
+    assert text.index("10.1.2.3") < text.index("Port 2201") < text.index("Port 9999")
+    host = _alias_host(config, "lab")
+    by_ssh = ssh_config._resolve(host.target, host.ssh_config, None, None, host.source, "/usr/bin/ssh")
+    by_paramiko = ssh_config._resolve(host.target, host.ssh_config, None, None, host.source, None)
+    assert (by_ssh.by, by_paramiko.by) == ("ssh -G", "paramiko")
+    assert (by_ssh.hostname, by_ssh.port, by_ssh.user) == ("10.1.2.3", 2201, "ops")
+    assert (by_paramiko.hostname, by_paramiko.port, by_paramiko.user) == ("10.1.2.3", 2201, "ops")
+    late = ssh_config._resolve("late", str(config), None, None, "h.yaml", "/usr/bin/ssh")
+    assert (late.port, late.user) == (9999, "nobody")
+    # the host file's own port and user win over ssh_config's, on both paths
+    for ssh in ("/usr/bin/ssh", None):
+        mine = ssh_config._resolve("lab", str(config), 2022, "me", "h.yaml", ssh)
+        assert (mine.port, mine.user) == (2022, "me")
+
+
+def test_a_broken_ssh_config_is_an_input_error_naming_the_host_file(tmp_path: Path) -> None:
+    from ddtree_deploy import ssh_config
+    from ddtree_deploy.errors import InputError
+
+    config = tmp_path / "config"
+    config.write_text("Host lab\n  NoSuchKeyword yes\n")
+    with pytest.raises(InputError, match=r"h\.yaml: ssh_config of 'lab' cannot be read: .*line 2: Bad configuration "
+                       "option: nosuchkeyword") as info:
+        ssh_config._resolve("lab", str(config), None, None, "h.yaml", "/usr/bin/ssh")
+    assert info.value.hint == f"`ssh -G -F {config} lab` shows what OpenSSH makes of it"
+    loop = tmp_path / "loop"
+    loop.write_text(f"Include {loop}\n")
+    with pytest.raises(InputError, match="Include nested more than 16 deep"):
+        ssh_config.expanded_text([str(loop)])

@@ -21,8 +21,7 @@ from ..console import emit_json, err, out
 from ..errors import EXIT_ABI, EXIT_UNREACHABLE, EXIT_USAGE, DeployError, InputError
 from ..facts import gather
 from ..snapshot import SnapshotStore
-from . import hosts as hosts_cmd
-from ._options import AllHostsOpt, InventoryOpt, StoreOpt, complete_host
+from ._options import AllHostsOpt, HostsArg, HostsOpt, InventoryOpt, LimitOpt, StoreOpt, many_hosts
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
 
@@ -58,8 +57,9 @@ def parse_requirements(items: list[str]) -> dict[str, str]:
 
 
 def abi_command(
-    names: list[str] = typer.Argument(None, help="hosts to compare (their latest snapshots unless --live)",
-                                      autocompletion=complete_host),
+    names: Optional[list[str]] = HostsArg,
+    host_opts: Optional[list[str]] = HostsOpt,
+    limit: Optional[list[str]] = LimitOpt,
     all_hosts: bool = AllHostsOpt,
     live: bool = typer.Option(False, "--live", help="read facts from the hosts now (one SSH round trip each)"),
     facts_files: list[Path] = typer.Option(None, "--facts", help="a recorded facts JSON file to include as a host (repeatable)"),
@@ -74,9 +74,10 @@ def abi_command(
     """Compare hosts' binary-compatibility facts (python ABI, glibc, torch release + CUDA tag, driver vs CUDA, GPU arch
     vs arch list, kernel packages and their torch pins) and report what breaks, why and how to fix it. Exit 4 on errors."""
     facts_by_host: dict[str, dict[str, Any]] = {}
-    hosts, unusable_files = hosts_cmd.select(names, all_hosts, inventory)
-    if not hosts and not facts_files:
-        raise InputError("name at least one host, or give --all or --facts FILE")
+    if not (names or host_opts or limit or all_hosts or facts_files):
+        raise InputError("name at least one host (their latest snapshots unless --live), or give --all or --facts FILE")
+    hosts, unusable_files = ([], {}) if not (names or host_opts or limit or all_hosts) else many_hosts(
+        names, host_opts, limit, all_hosts, inventory)
     st = SnapshotStore(store)
     unreachable: list[str] = []
     for host in hosts:

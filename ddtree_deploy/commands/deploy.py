@@ -20,13 +20,13 @@ from .. import paths
 from ..dryrun import summary_lines
 from ..errors import EXIT_FAILED, EXIT_USAGE, InputError
 from ..fleet import read_retry_file, rollout, write_retry_file
-from ..inventory import Host, resolve_host
+from ..inventory import Host
 from ..ddtree_stats import describe_ddtree
 from ..probe import ProbeResult
-from . import hosts as hosts_cmd
 from ._writes import interruptible as _interruptible
 from ._writes import progress as _progress
-from ._options import AllHostsOpt, BreakLockOpt, DryRunOpt, HostArg, InventoryOpt, JsonOpt, complete_host
+from ._options import (AllHostsOpt, BreakLockOpt, DryRunOpt, HostArg, HostOpt, HostsArg, HostsOpt, InventoryOpt, JsonOpt,
+                       LimitOpt, many_hosts, one_host)
 
 
 
@@ -113,14 +113,16 @@ def print_recap(reports: list[ApplyReport], skipped: list[str], unusable: dict[s
     out.print(table("recap", ["host", "status", "release", "rolled back to", "failed stage", "seconds", "message"], rows))
 
 
-def _select_hosts(names: list[str] | None, all_hosts: bool, retry_failed: bool, retry_file: Path,
+def _select_hosts(names: list[list[str]] | None, opts: list[list[str]] | None, limit: list[list[str]] | None,
+                  all_hosts: bool, retry_failed: bool, retry_file: Path,
                   inventory: Path | None) -> tuple[list[Host], dict[str, str]]:
-    """The hosts to deploy to, and (for --all) the inventory's unusable ones, which are reported, not deployed."""
-    if sum(bool(x) for x in (names, all_hosts, retry_failed)) != 1:
-        raise InputError("choose the hosts with exactly one of --host H (repeatable), --all, or --retry-failed")
+    """The hosts to deploy to, and the unusable ones a pattern took in, which are reported, not deployed."""
+    if sum(bool(x) for x in (names or opts, all_hosts, retry_failed)) > 1:
+        raise InputError("choose the hosts with one of: HOST / --host PATTERN (repeatable), --all, or --retry-failed "
+                         "(--limit narrows any of them)")
     if retry_failed:
-        names = read_retry_file(retry_file)
-    selected, unusable = hosts_cmd.select(names, all_hosts, inventory)
+        names, opts = [read_retry_file(retry_file)], None
+    selected, unusable = many_hosts(names, opts, limit, all_hosts, inventory)
     if not selected:
         raise InputError("no usable host in the inventory" + (f" ({len(unusable)} bad host file(s))" if unusable else ""),
                          hint="`ddtree-deploy hosts list` shows the inventory and what is wrong with it")
@@ -129,8 +131,9 @@ def _select_hosts(names: list[str] | None, all_hosts: bool, retry_failed: bool, 
 
 # -- commands ------------------------------------------------------------------------------------------------------------
 def apply_cmd(
-    hosts: list[str] = typer.Option(None, "--host", "-H", help="host to deploy to (repeat for several; the first is the canary)",
-                                    autocompletion=complete_host),
+    names: Optional[list[str]] = HostsArg,
+    hosts: Optional[list[str]] = HostsOpt,
+    limit: Optional[list[str]] = LimitOpt,
     all_hosts: bool = AllHostsOpt,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="the hosts listed in the retry file of the last apply"),
     retry_file: Optional[Path] = typer.Option(None, "--retry-file", help="where failed hosts are written / read (default: "
@@ -153,6 +156,8 @@ def apply_cmd(
 ) -> None:
     """Deploy the DDTree overlay: patch set → ABI check → lock → push → switch → restart → probe → roll back on failure.
 
+    Hosts: HOST..., -H PATTERN (a,b / 'gpu*' / a group), --all, or --retry-failed; --limit narrows them.
+
     Several hosts: the first is the canary; the rest follow in parallel (--max-parallel) until more than --max-fail
     have failed. A host with no generation baseline gets one first (server restarted with DDTree off, the fixed
     prompts recorded in <release_root>/probe-baseline.json). A host whose active release already holds the overlay
@@ -163,7 +168,7 @@ def apply_cmd(
     if diff and not dry_run:
         raise InputError("--diff goes with --dry-run (it prints the overlay diff instead of deploying)")
     retry_file = retry_file or paths.retry_file()
-    selected, unusable = _select_hosts(hosts, all_hosts, retry_failed, retry_file, inventory)
+    selected, unusable = _select_hosts(names, hosts, limit, all_hosts, retry_failed, retry_file, inventory)
 
     def action(host: Host) -> ApplyReport:
         return deploy_mod.apply(host, patchset=patchset, dry_run=dry_run, ignore_abi=ignore_abi, break_lock=break_lock,
@@ -201,7 +206,8 @@ def apply_cmd(
 
 
 def probe_cmd(
-    host: str = HostArg,
+    host: Optional[str] = HostArg,
+    host_opt: Optional[str] = HostOpt,
     record_baseline: bool = typer.Option(False, "--record-baseline", help="restart with DDTree off, record the fixed prompts' "
                                          "replies as the baseline on the host, restart as configured, then probe"),
     with_ddtree: bool = typer.Option(False, "--with-ddtree", help="record the baseline with DDTree on instead"),
@@ -212,7 +218,7 @@ def probe_cmd(
     """Probe a host's running server: overlay in use, kernel self-test, start-up/health, generation vs baseline; then
     what DDTree does there (budget, accept length, tok/s). A release left switched in but unprobed by a run that
     vanished is probed and kept if it passes, else rolled back (said either way)."""
-    h = resolve_host(host, inventory)
+    h = one_host(host, host_opt, inventory)
     drift = None if dry_run else hostops.server_flag_drift(h)
     if drift:
         warn_flag_drift(h.name, drift)
@@ -237,7 +243,8 @@ def probe_cmd(
 
 
 def rollback_cmd(
-    host: str = HostArg,
+    host: Optional[str] = HostArg,
+    host_opt: Optional[str] = HostOpt,
     to: Optional[str] = typer.Option(None, "--to", help="release id to go back to, or 'installed' for no overlay "
                                      "(default: the recorded previous good release)"),
     force: bool = typer.Option(False, "--force", help="roll back to a release marked bad or interrupted anyway"),
@@ -248,7 +255,7 @@ def rollback_cmd(
 ) -> None:
     """Switch a host back by hand, mark the release it leaves bad, restart and probe. A release marked bad is
     refused unless --force."""
-    h = resolve_host(host, inventory)
+    h = one_host(host, host_opt, inventory)
     with _interruptible():
         report = hostops.rollback(h, to=None if to == "installed" else to, to_installed=to == "installed",
                                   break_lock=break_lock, force=force, dry_run=dry_run, progress=_progress)
@@ -260,13 +267,14 @@ def rollback_cmd(
 
 
 def releases_cmd(
-    host: str = HostArg,
+    host: Optional[str] = HostArg,
+    host_opt: Optional[str] = HostOpt,
     journal: int = typer.Option(10, "--journal", help="journal lines to show"),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """The releases on a host: which is active, which is the rollback target, which are bad; the lock; the journal."""
-    h = resolve_host(host, inventory)
+    h = one_host(host, host_opt, inventory)
     info = hostops.releases(h, journal)
     if as_json:
         emit_json(info)

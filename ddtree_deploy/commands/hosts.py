@@ -8,14 +8,15 @@ from typing import Any, Optional
 
 import typer
 
-from .. import hostpaths
+from .. import hostpaths, paths
+from ..cli_errors import Group
 from ..console import emit_json, out, table
 from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError
-from ..inventory import Host, default_inventory_dir, host_file_schema, scan_inventory
+from ..inventory import Host, host_file_schema, scan_inventory
 from ..transport import HostConnection
-from ._options import InventoryOpt, JsonOpt, complete_host
+from ._options import HostsArg, HostsOpt, InventoryOpt, JsonOpt, LimitOpt, many_hosts
 
-app = typer.Typer(help="The host inventory (one YAML file per host): list the hosts, check that they answer. "
+app = typer.Typer(cls=Group, help="The host inventory (one YAML file per host): list the hosts, check that they answer. "
                   "Examples to copy: hosts/examples/ in the repo; README: 'Writing a host file for a real host'.",
                   no_args_is_help=True)
 
@@ -24,54 +25,62 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="hosts")
 
 
-def select(names: list[str] | None, all_hosts: bool, inventory: Path | None) -> tuple[list[Host], dict[str, str]]:
-    """The hosts a command works on: those named, or with ``all_hosts`` every usable host of the inventory.
-
-    Returns the hosts and, for ``--all``, the unusable ones (name -> why); a named unusable host raises (exit 2).
-    Bad files are warned about either way.
-    """
-    inv = scan_inventory(inventory)
-    inv.warn(skip=[] if all_hosts else names or [])
-    if all_hosts:
-        return list(inv.hosts.values()), {n: e.message for n, e in inv.broken.items()}
-    return [inv.get(name) for name in names or []], {}
-
-
 def _no_hosts(inventory: Path | None) -> str:
-    directory = inventory or default_inventory_dir()
-    return (f"no hosts in {directory} (write one: README 'Writing a host file for a real host'; examples in the "
+    where = inventory or " or ".join(str(d) for d, _ in paths.inventory_dirs())
+    return (f"no hosts in {where} (write one: README 'Writing a host file for a real host'; examples in the "
             "repo's hosts/examples/; or `ddtree-deploy sandbox up`)")
+
+
+def _row(host: Host) -> dict[str, Any]:
+    """A host as ``hosts list`` shows it: the port and user an SSH host really gets, as OpenSSH resolves its
+    target (ssh_config.py), and the inventory its file came from."""
+    row: dict[str, Any] = {"ok": True, **host.summary()}
+    if host.connection != "local":
+        from ..ssh_config import resolve
+
+        try:
+            where = resolve(host)
+        except DeployError as exc:
+            return {**row, "ok": False, "error": exc.message}
+        row.update(hostname=where.hostname, port=where.port, user=where.user, ssh_config_by=where.by)
+    return row
 
 
 @app.command("list")
 def list_cmd(inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """List the hosts of the inventory, validating every file (exit 2 if a file is bad; the rest are listed)."""
+    """List the hosts of the inventory, validating every file (exit 2 if a file is bad; the rest are listed): where
+    each goes (HostName, port and user as `ssh -G` resolves them), its groups, and the inventory it came from."""
     inv = scan_inventory(inventory)
     inv.warn()
-    rows: list[dict[str, Any]] = [{"ok": True, **h.summary()} for h in inv.hosts.values()]
+    rows: list[dict[str, Any]] = [_row(h) for h in inv.hosts.values()]
     rows += [{"ok": False, "name": n, "file": inv.broken_files[n], "error": e.message} for n, e in inv.broken.items()]
     if as_json:
         emit_json(rows)
     elif not rows:
         out.print(_no_hosts(inventory))
     else:
-        out.print(table(f"hosts in {inv.directory}", ["name", "target", "port", "python", "release root", "server", "file"],
-                        [[r["name"], r["target"], r["port"] or (22 if r["target"] != "local" else ""), r["python"],
-                          r["release_root"], r["server"], r["file"]] if r["ok"]
-                         else [r["name"], "UNUSABLE", "", r["error"], "", "", r["file"]] for r in rows]))
-    if inv.broken:
+        out.print(table(f"hosts in {inv.describe()}",
+                        ["name", "target", "port", "user", "groups", "server", "from", "file"],
+                        [[r["name"], r["target"] + (f" ({r['hostname']})" if r.get("hostname") not in (None, r["target"])
+                                                    else ""), r["port"] or "", r.get("user") or "",
+                          ",".join(r["groups"]), r["server"], r["inventory"], r["file"]] if r["ok"]
+                         else [r["name"], "UNUSABLE", "", "", "", r["error"], "", r["file"]] for r in rows]))
+    if inv.broken or not all(r["ok"] for r in rows):
         raise typer.Exit(EXIT_USAGE)
 
 
 @app.command("check")
 def check_cmd(
-    names: list[str] = typer.Argument(None, help="hosts to check (default: every usable host)", autocompletion=complete_host),
+    names: Optional[list[str]] = HostsArg,
+    host_opts: Optional[list[str]] = HostsOpt,
+    limit: Optional[list[str]] = LimitOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Connect to each host and report its Python and installed SGLang version, and resolve its paths there (exit 3 if
-    one is unreachable, 2 if a host file is bad, or its release_root resolves into site-packages or the package)."""
-    selected, unusable = select(names, not names, inventory)
+    one is unreachable, 2 if a host file is bad, or its release_root resolves into site-packages or the package).
+    Hosts: HOST... / -H PATTERN / --limit PATTERN; default: every usable host."""
+    selected, unusable = many_hosts(names, host_opts, limit, False, inventory, default_all=True)
     if not selected and not unusable:
         if as_json:
             emit_json([])

@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from ..cli_errors import Group
 from ..console import emit_json, err, out, table
 from ..errors import DeployError, InputError, PatchDoesNotApply
 from ..patchset.apply import apply_patchset, render_diff
@@ -21,6 +22,7 @@ from ..patchset.format import PatchSet, default_patches_root, find_patchset_for,
 from ._options import JsonOpt, PatchesOpt
 
 app = typer.Typer(
+    cls=Group,
     help="DDTree patch sets (patches/<name>/sglang-<version>/patchset.yaml): a versioned series of patches plus "
     "vendored runtime files, applied all-or-nothing with no fuzz onto a base (a host snapshot or a released wheel) "
     "to make an overlay. `dev` and `refresh` edit a series as git commits, like quilt or patch-package.\n\n"

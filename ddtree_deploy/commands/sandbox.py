@@ -7,11 +7,13 @@ from typing import Optional
 
 import typer
 
+from ..cli_errors import Group
 from ..console import emit_json, err, out, table
 from ..sandbox import DEFAULT_HOSTS, Sandbox
 from ._options import InventoryOpt, JsonOpt
 
 app = typer.Typer(
+    cls=Group,
     help="Local sandbox hosts: one sshd per host on loopback in its own mount namespace, each with a real SGLang "
     "release installed, and a host YAML written into the inventory. Needs root and openssh-server.",
     no_args_is_help=True,

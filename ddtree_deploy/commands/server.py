@@ -11,31 +11,29 @@ from typing import Any, Optional
 
 import typer
 
+from ..cli_errors import Group
 from .. import hostops
 from ..console import emit_json, err, out, table
 from ..errors import EXIT_FAILED
-from ..inventory import resolve_host
+from ..inventory import Host
 from ..server import ServerControl
 from ..transport import HostConnection
-from ._options import BreakLockOpt, DryRunOpt, HostArg, InventoryOpt, JsonOpt
+from ._options import BreakLockOpt, DryRunOpt, HostArg, HostOpt, InventoryOpt, JsonOpt, one_host
 from ._writes import interruptible, progress
 
-server_app = typer.Typer(help="The SGLang server of a host, as its host file's `server` section says (managed process "
+server_app = typer.Typer(cls=Group, help="The SGLang server of a host, as its host file's `server` section says (managed process "
                          "with PYTHONPATH=<release_root>/current, or a systemd unit with a drop-in). start, stop and "
                          "restart take the host lock (they never interleave with an apply).", no_args_is_help=True)
 
 
-def _server_read(host: str, inventory: Path | None, fn: Any) -> Any:
-    h = resolve_host(host, inventory)
+def _server_read(h: Host, fn: Any) -> Any:
     with HostConnection(h) as conn:
         ctl = ServerControl(conn)
         active = conn.call("release", "show", root=h.release_root)["state"]["active"]
         return fn(ctl, active)
 
 
-def _server_write(host: str, inventory: Path | None, action: str, dry_run: bool, wait: bool, break_lock: bool,
-                  as_json: bool) -> None:
-    h = resolve_host(host, inventory)
+def _server_write(h: Host, action: str, dry_run: bool, wait: bool, break_lock: bool, as_json: bool) -> None:
     with interruptible():
         res = hostops.server_action(h, action, dry_run=dry_run, wait=wait, break_lock=break_lock, progress=progress)
     failed = (res.get("startup") or {}).get("status") == "fail"
@@ -62,50 +60,51 @@ NoWaitOpt = typer.Option(False, "--no-wait", help="return once the process is st
 
 
 @server_app.command("start")
-def server_start(host: str = HostArg, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
+def server_start(host: Optional[str] = HostArg, host_opt: Optional[str] = HostOpt, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
                  break_lock: bool = BreakLockOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Start the server on the active release (DDTree flags on only when an overlay is active) and wait for /health.
     Refused when another process (one the tool did not start) already holds the server port."""
-    _server_write(host, inventory, "start", dry_run, not no_wait, break_lock, as_json)
+    _server_write(one_host(host, host_opt, inventory), "start", dry_run, not no_wait, break_lock, as_json)
 
 
 @server_app.command("stop")
-def server_stop(host: str = HostArg, dry_run: bool = DryRunOpt, break_lock: bool = BreakLockOpt,
+def server_stop(host: Optional[str] = HostArg, host_opt: Optional[str] = HostOpt, dry_run: bool = DryRunOpt, break_lock: bool = BreakLockOpt,
                 inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Stop the server (SIGTERM to its process group, SIGKILL after server.stop_timeout)."""
-    _server_write(host, inventory, "stop", dry_run, False, break_lock, as_json)
+    _server_write(one_host(host, host_opt, inventory), "stop", dry_run, False, break_lock, as_json)
 
 
 @server_app.command("restart")
-def server_restart(host: str = HostArg, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
+def server_restart(host: Optional[str] = HostArg, host_opt: Optional[str] = HostOpt, dry_run: bool = DryRunOpt, no_wait: bool = NoWaitOpt,
                    break_lock: bool = BreakLockOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Stop, then start on the active release, and wait for /health."""
-    _server_write(host, inventory, "restart", dry_run, not no_wait, break_lock, as_json)
+    _server_write(one_host(host, host_opt, inventory), "restart", dry_run, not no_wait, break_lock, as_json)
 
 
 @server_app.command("status")
-def server_status(host: str = HostArg, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+def server_status(host: Optional[str] = HostArg, host_opt: Optional[str] = HostOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Whether the server runs, its pid, the release it was started on, its uptime; a server on the port that the
     tool did not start is named."""
-    res = _server_read(host, inventory, lambda c, a: {**c.status(), "active_release": a})
+    h = one_host(host, host_opt, inventory)
+    res = _server_read(h, lambda c, a: {**c.status(), "active_release": a})
     if as_json:
         emit_json(res)
         return
-    out.print(table(f"{host}: server", ["field", "value"], [[k, v] for k, v in res.items() if k != "foreign" or v]))
+    out.print(table(f"{h.name}: server", ["field", "value"], [[k, v] for k, v in res.items() if k != "foreign" or v]))
     if res.get("foreign"):
-        port = resolve_host(host, inventory).server.get("port")
-        err.print(f"[bold yellow]{host}: no server of ddtree-deploy runs, but port {port} is held by "
+        port = h.server.get("port")
+        err.print(f"[bold yellow]{h.name}: no server of ddtree-deploy runs, but port {port} is held by "
                   f"{res['foreign']} (a server the tool did not start)[/bold yellow]", highlight=False)
     if not res.get("running"):
         raise typer.Exit(EXIT_FAILED)
 
 
 @server_app.command("logs")
-def server_logs(host: str = HostArg, lines: int = typer.Option(100, "--lines", "-n"),
+def server_logs(host: Optional[str] = HostArg, host_opt: Optional[str] = HostOpt, lines: int = typer.Option(100, "--lines", "-n"),
                 previous: bool = typer.Option(False, "--previous", help="the log of the run before this one"),
                 inventory: Optional[Path] = InventoryOpt) -> None:
     """The tail of the server log."""
-    res = _server_read(host, inventory, lambda c, a: c.logs(lines, previous=previous))
+    res = _server_read(one_host(host, host_opt, inventory), lambda c, a: c.logs(lines, previous=previous))
     out.print(res["text"], markup=False, highlight=False)
 
 

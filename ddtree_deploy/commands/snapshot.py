@@ -18,23 +18,40 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, 
                            TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 from rich.text import Text
 
+from ..cli_errors import Group, NoSuchCommand
 from ..console import Waiting, emit_json, err, out, table
-from ..errors import EXIT_USAGE, DeployError, InputError, OperationFailed
+from ..errors import EXIT_USAGE, DeployError, OperationFailed
 from ..facts import get
 from ..inventory import resolve_host
 from ..snapshot import Snapshot, SnapshotStore
-from . import hosts as hosts_cmd
-from ._options import AllHostsOpt, InventoryOpt, JsonOpt, StoreOpt, complete_host
+from ._options import AllHostsOpt, HostsArg, HostsOpt, InventoryOpt, JsonOpt, LimitOpt, StoreOpt, many_hosts
 
 
 
-class _DefaultToTake(typer.core.TyperGroup):
-    """``snapshot HOST`` means ``snapshot take HOST``: anything that is not a subcommand is a host name."""
+class _DefaultToTake(Group):
+    """``snapshot HOST`` means ``snapshot take HOST``: anything that is not a subcommand (or the help) is taken for
+    hosts, except a word close to a subcommand that no host or group of the inventory is called (``snapshot lst``:
+    no such command, did you mean 'list'?)."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            if not args[0].startswith("-") and _typo_of_a_command(args[0], list(self.commands), args):
+                raise NoSuchCommand(args[0], list(self.commands), ctx)
             args = ["take", *args]
         return super().parse_args(ctx, args)
+
+
+def _typo_of_a_command(word: str, commands: list[str], args: list[str]) -> bool:
+    if not NoSuchCommand(word, commands).possibilities:
+        return False
+    from ..inventory import scan_inventory
+
+    given = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--inventory", "-i")), None)
+    try:
+        inv = scan_inventory(Path(given) if given else None)
+    except DeployError:
+        return False  # the take command reports the inventory's problem
+    return word not in inv.hosts and word not in inv.broken and word not in inv.groups
 
 
 snapshot_app = typer.Typer(
@@ -91,7 +108,9 @@ def _plain_lines(label: str, stage: dict[str, str], as_json: bool) -> Any:
 
 @snapshot_app.command("take")
 def take(
-    names: list[str] = typer.Argument(None, help="hosts to snapshot", autocompletion=complete_host),
+    names: Optional[list[str]] = HostsArg,
+    host_opts: Optional[list[str]] = HostsOpt,
+    limit: Optional[list[str]] = LimitOpt,
     all_hosts: bool = AllHostsOpt,
     inventory: Optional[Path] = InventoryOpt,
     store: Optional[Path] = StoreOpt,
@@ -99,9 +118,7 @@ def take(
     as_json: bool = JsonOpt,
 ) -> None:
     """Snapshot hosts (what `snapshot HOST` runs). Exit 3 if a host is unreachable; the others are still taken."""
-    if not all_hosts and not names:
-        raise InputError("name at least one host, or give --all")
-    hosts, unusable = hosts_cmd.select(names, all_hosts, inventory)
+    hosts, unusable = many_hosts(names, host_opts, limit, all_hosts, inventory)
     st = SnapshotStore(store)
     rows: list[dict[str, Any]] = []
     worst = 0

@@ -1,4 +1,4 @@
-"""CLI: ``bench --host H`` (plain / chain / DDTree side by side on the host's server) and ``tune --host H`` (measure,
+"""CLI: ``bench HOST`` (plain / chain / DDTree side by side on the host's server) and ``tune HOST`` (measure,
 fit the batch-size budget schedule, write it into the host file)."""
 from __future__ import annotations
 
@@ -10,13 +10,10 @@ import typer
 from .. import hostbench
 from .. import tune as tune_mod
 from ..console import emit_json, err, out, table
-from ..inventory import resolve_host
-from ._options import InventoryOpt, JsonOpt, complete_host
+from ._options import HostArg, HostOpt, InventoryOpt, JsonOpt, one_host
 from ._writes import interruptible as _interruptible
 from ._writes import progress as _progress
 
-HostOpt = typer.Option(..., "--host", metavar="HOST", help="host name (or the path of its YAML file)",
-                       autocompletion=complete_host)
 PromptsOpt = typer.Option(None, "--prompts", metavar="FILE", help="workload prompts, one per line (a .jsonl file: one "
                           "JSON string or {\"text\": ...} per line); default: a built-in mix of six")
 MaxNewOpt = typer.Option(64, "--max-new-tokens", min=1, max=4096, help="tokens each request decodes (EOS ignored, so "
@@ -45,7 +42,8 @@ def _rows(ms: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 def bench_cmd(
-    host: str = HostOpt,
+    host: Optional[str] = HostArg,
+    host_opt: Optional[str] = HostOpt,
     prompts: Optional[Path] = PromptsOpt,
     batch_sizes: str = typer.Option("1", "--batch-sizes", metavar="N,N", help="requests in flight at once, each a "
                                     "measurement (e.g. 1,8)"),
@@ -61,7 +59,7 @@ def bench_cmd(
 
     The server must be up, on an overlay release. It is measured first as it runs (DDTree), then restarted for the
     chain and for plain decoding, then put back as configured."""
-    h = resolve_host(host, inventory)
+    h = one_host(host, host_opt, inventory)
     sizes = hostbench.parse_sizes(batch_sizes)
     texts = hostbench.load_prompts(prompts)
     configs = [hostbench.ddtree(h, name="ddtree"), hostbench.chain(h), hostbench.plain()]
@@ -92,7 +90,8 @@ def _print_plan(plan: dict[str, Any], as_json: bool) -> None:
 
 
 def tune_cmd(
-    host: str = HostOpt,
+    host: Optional[str] = HostArg,
+    host_opt: Optional[str] = HostOpt,
     prompts: Optional[Path] = PromptsOpt,
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", metavar="N,N", help="batch sizes to fit "
                                               "(default: those in use on the server: its CUDA-graph sizes, else powers "
@@ -117,7 +116,7 @@ def tune_cmd(
 
     The host's server must be up on an overlay release whose runtime takes schedules. It is restarted once per
     config and put back as configured; without --apply the new schedule runs from the next restart."""
-    h = resolve_host(host, inventory)
+    h = one_host(host, host_opt, inventory)
     sizes = hostbench.parse_sizes(batch_sizes)
     wanted = tune_mod.parse_budgets(budgets)
     texts = hostbench.load_prompts(prompts)

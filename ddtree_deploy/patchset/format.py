@@ -274,8 +274,10 @@ def resolve_patchset_path(name_or_path: str | Path, *, root: Path | None = None)
         bases = [d.name for d in sorted((root / text).iterdir()) if (d / PATCHSET_FILE).is_file()]
         if len(bases) == 1:  # only one base: no ambiguity
             return (root / text / bases[0] / PATCHSET_FILE).resolve()
+        # no flag is suggested here: the commands that take --base/--snapshot choose the folder by it before
+        # reaching this, and the others (patchset show, refresh) have no such flag
         raise InputError(f"patch set {text!r} has one folder per base ({', '.join(bases) or 'none'}): "
-                         f"name one (e.g. {text}/{bases[0] if bases else 'sglang-X'}) or give --base/--snapshot")
+                         f"name one (e.g. {text}/{bases[0] if bases else 'sglang-X'})")
     raise InputError(f"patch set {text!r} not found: not a file, not a directory with {PATCHSET_FILE}, "
                      f"not a name under {root}")
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from hostfiles import write_host as _write_host
 
 from ddtree_deploy.errors import TransportError
 from ddtree_deploy.transport import HostConnection
@@ -49,16 +49,6 @@ def agent(tmp_path: Path, sandbox):
 
 def _no_key_host(sandbox, **changes):
     return dataclasses.replace(sandbox.base, identity_file=None, **changes)
-
-
-def _write_host(inv: Path, host, **changes) -> Path:
-    doc = yaml.safe_load(Path(host.source).read_text())
-    doc.update(changes)
-    doc = {k: v for k, v in doc.items() if v is not None}
-    inv.mkdir(parents=True, exist_ok=True)
-    path = inv / f"{doc['name']}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def test_key_only_in_the_agent_connects_like_openssh(sandbox, agent, tmp_path, monkeypatch) -> None:
@@ -154,3 +144,54 @@ def test_a_port_that_is_not_ssh_is_one_line(sandbox, wheel_env, tmp_path) -> Non
     assert "does not speak SSH" in lines[0] or "no SSH handshake" in lines[0]
     assert "field 'port'" in lines[1]
     assert "Traceback" not in proc.stderr and "paramiko" not in proc.stderr and "Exception (client)" not in proc.stderr
+
+
+def _included_config(tmp_path: Path, sandbox) -> Path:
+    """An ssh_config whose only Host entry comes from a file it Includes (as ~/.ssh/config.d/ setups do)."""
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "lab.conf").write_text(
+        f"Host lab-gpu\n  HostName 127.0.0.1\n  Port {sandbox.base.port}\n  User root\n"
+        f"  IdentityFile {sandbox.base.identity_file}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Include {tmp_path}/conf.d/*.conf\n")
+    return config
+
+
+def test_an_alias_defined_through_include_resolves_like_ssh_G(sandbox, wheel_env, tmp_path) -> None:
+    config = _included_config(tmp_path, sandbox)
+    inv = tmp_path / "inv"
+    _write_host(inv, sandbox.base, name="lab", address=None, port=None, user=None, identity_file=None,
+                ssh_alias="lab-gpu", ssh_config=str(config))
+    openssh = subprocess.run(["ssh", "-G", "-F", str(config), "lab-gpu"], capture_output=True, text=True, timeout=30)
+    assert f"port {sandbox.base.port}" in openssh.stdout.splitlines()  # what OpenSSH itself makes of it
+    listed = wheel_env.run("hosts", "list", "--json", DDTREE_INVENTORY=str(inv))
+    row = json.loads(listed.stdout)[0]
+    assert listed.returncode == 0 and row["ssh_config_by"] == "ssh -G", listed.stdout + listed.stderr
+    assert (row["hostname"], row["port"], row["user"]) == ("127.0.0.1", sandbox.base.port, "root")
+    table = wheel_env.run("hosts", "list", DDTREE_INVENTORY=str(inv))
+    line = next(ln for ln in table.stdout.splitlines() if " lab " in ln)
+    assert str(sandbox.base.port) in line and " 22 " not in line, table.stdout  # the real port, not 22
+    check = wheel_env.run("hosts", "check", "lab", "--json", DDTREE_INVENTORY=str(inv))
+    assert check.returncode == 0 and json.loads(check.stdout)[0]["sglang"] == "0.5.11", check.stdout + check.stderr
+
+
+def test_without_the_openssh_client_paramiko_reads_the_includes(sandbox, wheel_env, tmp_path) -> None:
+    config = _included_config(tmp_path, sandbox)
+    inv = tmp_path / "inv"
+    _write_host(inv, sandbox.base, name="lab", address=None, port=None, user=None, identity_file=None,
+                ssh_alias="lab-gpu", ssh_config=str(config))
+    no_ssh = str(wheel_env.venv / "bin")  # a PATH with no ssh on it
+    assert shutil.which("ssh", path=no_ssh) is None
+    listed = wheel_env.run("hosts", "list", "--json", DDTREE_INVENTORY=str(inv), PATH=no_ssh)
+    row = json.loads(listed.stdout)[0]
+    assert row["ssh_config_by"] == "paramiko", listed.stdout + listed.stderr
+    assert (row["hostname"], row["port"], row["user"]) == ("127.0.0.1", sandbox.base.port, "root")
+    check = wheel_env.run("hosts", "check", "lab", "--json", DDTREE_INVENTORY=str(inv), PATH=no_ssh)
+    assert check.returncode == 0 and json.loads(check.stdout)[0]["sglang"] == "0.5.11", check.stdout + check.stderr
+    # and a typo'd alias still gets the clear error, naming the entries Include brought in
+    _write_host(inv, sandbox.base, name="lab", address=None, port=None, user=None, ssh_alias="lab-gup",
+                ssh_config=str(config))
+    for path in (no_ssh, os.environ["PATH"]):
+        typo = wheel_env.run("releases", "lab", DDTREE_INVENTORY=str(inv), PATH=path)
+        assert typo.returncode == 3 and "'lab-gup' is not a Host entry" in typo.stderr, typo.stderr
+        assert "(entries there: lab-gpu)" in typo.stderr and "Traceback" not in typo.stderr

@@ -66,10 +66,14 @@ def test_dash_h_works_everywhere_like_help(cli) -> None:
         assert cli(*path, "--help").stdout == short[paths.index(path)].stdout, path
 
 
-def test_a_group_without_a_command_prints_its_help(cli) -> None:
+def test_a_group_without_a_command_prints_its_help_once(cli) -> None:
     proc = cli("server")
     assert proc.returncode == 2 and "Usage: ddtree-deploy server" in proc.stdout and "start" in proc.stdout
     assert "Traceback" not in proc.stderr
+    for argv in ([], ["server"], ["snapshot"], ["hosts"]):  # issue 25, item 11: the help was printed twice
+        proc = cli(*argv)
+        assert proc.returncode == 2 and proc.stdout.count("Usage: ") == 1, (argv, proc.stdout)
+        assert proc.stdout.count("Commands") == 1 and not proc.stderr.strip(), (argv, proc.stderr)
 
 
 def test_non_utf8_host_file_is_exit_2_naming_the_file(cli, tmp_path: Path) -> None:

@@ -61,7 +61,11 @@ def write_host_yaml(host: Host, directory: Path) -> Path:
     """``host`` as a host file in ``directory`` (for driving the real command line against a host copy)."""
     import yaml
 
-    doc = {k: v for k, v in dataclasses.asdict(host).items() if k != "source" and v is not None}
+    from ddtree_deploy.inventory import HostFile
+
+    # the host file's fields only (not where the file was read from: source, origin); tuples as YAML lists
+    doc = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(host).items()
+           if k in HostFile.model_fields and v is not None}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{host.name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
