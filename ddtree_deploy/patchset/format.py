@@ -110,7 +110,8 @@ class PatchSet:
             "base": {"package": self.base_package, "version": self.base_version, "files": dict(self.base_files)},
             "requires": dict(self.requires),
             "series": [{"name": p.name, "subject": p.subject, "files": p.touched,
-                        "added": p.stat()[0], "removed": p.stat()[1]} for p in self.patches],
+                        "added": p.stat()[0], "removed": p.stat()[1],
+                        **{k: getattr(p, k) for k in LIFECYCLE_FIELDS if getattr(p, k)}} for p in self.patches],
             "runtime": None if self.runtime is None else {
                 "source": str(self.runtime.source), "dest": self.runtime.dest,
                 "files": [dest for dest, _ in self.runtime.files]},
@@ -140,10 +141,38 @@ def _check_requires(value: dict[str, Any]) -> str | None:
     return None
 
 
-def _check_series_entry(value: str) -> str | None:
+def _check_series_name(value: str) -> str | None:
     if "/" in value or "\\" in value or value.startswith("."):
         return "a series entry must be a file name inside the patch-set directory (no '/', no '..')"
     return None if _SERIES_ENTRY.match(value) else "expected a file name ending in .patch or .diff"
+
+
+#: The fields a series entry may carry besides its file name (``- patch: NAME`` form).
+LIFECYCLE_FIELDS = ("applies_to", "superseded_by", "upstream_merged")
+
+
+def _check_series_entry(value: Any) -> str | None:
+    """A file name, or a mapping ``{patch: NAME, applies_to: SPEC, superseded_by: NAME, upstream_merged: VER}``."""
+    if isinstance(value, str):
+        return _check_series_name(value)
+    if not isinstance(value, dict) or not isinstance(value.get("patch"), str):
+        return "expected a patch file name, or a mapping with 'patch' (and applies_to / superseded_by / upstream_merged)"
+    unknown = sorted(set(value) - {"patch", *LIFECYCLE_FIELDS})
+    if unknown:
+        return f"unknown field {unknown[0]!r} (a series entry has patch, {', '.join(LIFECYCLE_FIELDS)})"
+    for key in ("applies_to", "superseded_by", "upstream_merged"):
+        if key in value and not isinstance(value[key], str):
+            return f"{key}: expected a string (quote versions: '0.5.20')"
+    if "applies_to" in value:
+        try:
+            SpecifierSet(value["applies_to"])
+        except InvalidSpecifier:
+            return f"applies_to: {value['applies_to']!r} is not a version specifier (e.g. '>=0.5.14,<0.5.20')"
+    if "upstream_merged" in value and _check_version(value["upstream_merged"]):
+        return f"upstream_merged: {value['upstream_merged']!r} is not a version (the first base that has the change)"
+    if "superseded_by" in value and _check_series_name(value["superseded_by"]):
+        return f"superseded_by: {_check_series_name(value['superseded_by'])}"
+    return _check_series_name(value["patch"])
 
 
 SCHEMA: dict[str, Field] = {
@@ -156,7 +185,7 @@ SCHEMA: dict[str, Field] = {
         "files": Field("mapping", default=dict, help="sha256 of every base file the series touches"),
     }),
     "requires": Field("str-map", default=dict, check=_check_requires),
-    "series": Field("list", required=True, items=Field("str", check=_check_series_entry)),
+    "series": Field("list", required=True, items=Field("any", check=_check_series_entry)),
     "runtime": Field("mapping", default=dict, fields={
         "source": Field("str", help="directory of vendored files, relative to patchset.yaml"),
         "dest": Field("str", help="where they go in the package, e.g. sglang/srt/speculative/ddtree"),
@@ -291,11 +320,16 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
                              f"characters), got {digest!r}")
         files[path] = digest
 
-    if len(set(data["series"])) != len(data["series"]):
-        dup = next(s for s in data["series"] if data["series"].count(s) > 1)
+    entries = [e if isinstance(e, dict) else {"patch": e} for e in data["series"]]
+    names = [e["patch"] for e in entries]
+    if len(set(names)) != len(names):
+        dup = next(s for s in names if names.count(s) > 1)
         raise InputError(f"{src}: field 'series': {dup!r} is listed twice")
+    for idx, e in enumerate(entries):
+        if e.get("superseded_by") and e["superseded_by"] not in names:
+            raise InputError(f"{src}: field 'series[{idx}].superseded_by': {e['superseded_by']!r} is not in the series")
     patches = []
-    for idx, entry in enumerate(data["series"]):
+    for idx, entry in enumerate(names):
         ppath = ps_dir / entry
         if ppath.is_symlink():
             raise InputError(f"{src}: field 'series[{idx}]': {entry} is a symlink: refused (patches must be files in {ps_dir})")
@@ -307,7 +341,8 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
         except UnicodeDecodeError:
             raise InputError(f"{ppath}: not UTF-8 text") from None
         subject, fps, is_mbox = parse_patch(text, source=str(ppath), package=package)
-        patches.append(PatchFile(name=entry, path=ppath, subject=subject, files=fps, is_mbox=is_mbox))
+        patches.append(PatchFile(name=entry, path=ppath, subject=subject, files=fps, is_mbox=is_mbox,
+                                 **{k: entries[idx][k] for k in LIFECYCLE_FIELDS if k in entries[idx]}))
 
     ps = PatchSet(name=data["name"], version=data["version"], description=data["description"], yaml_path=yaml_path,
                   base_package=package, base_version=base["version"], base_files=files,
