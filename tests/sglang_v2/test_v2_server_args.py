@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from v2_helpers import TRAITS, model_dirs, run_python
+from v2_helpers import TRAITS, model_dirs, run_python, with_trait
 
 TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=512, hidden_size=64,
               intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -99,7 +99,7 @@ except Exception as e:
 import dataclasses
 from sglang.version import __version__ as version
 try:
-    sa = prepare_server_args(common + ["--speculative-ddtree-budget", "1:15,4:0" if version == "0.5.17" else "15"])
+    sa = prepare_server_args(common + ["--speculative-ddtree-budget", "1:15,4:0" if version in sys.argv[3].split(",") else "15"])
     again = S.ServerArgs(**{f.name: getattr(sa, f.name) for f in dataclasses.fields(sa) if f.init})
     out["reresolved"] = {"ok": True, "budget": again.speculative_ddtree_budget,
                          "num_draft_tokens": again.speculative_num_draft_tokens,
@@ -119,12 +119,12 @@ print("RESULT" + json.dumps(out))
 
 def run_with_models(tree: Path, work: Path, script: str) -> dict:
     """``script`` in the patched ``tree`` (fake sm90 CUDA) with a tiny target and block-4 drafter config as its
-    two arguments; its RESULT line, parsed."""
+    two arguments (the third: the bases whose series take a budget schedule); its RESULT line, parsed."""
     tgt, drf = model_dirs(work, TARGET, dict(
         TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
         num_target_layers=4, block_size=4, dflash_config={"block_size": 4, "target_layer_ids": [0, 2],
                                                           "mask_token": "<|mask|>", "mask_token_id": 3}))
-    r = run_python(tree, work, script, str(tgt), str(drf), fake_cuda=True)
+    r = run_python(tree, work, script, str(tgt), str(drf), ",".join(with_trait("schedule")), fake_cuda=True)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     return json.loads(line[len("RESULT"):])
@@ -212,7 +212,7 @@ def test_schedule_resolution(v2_base, resolved, case):
     buffers) and the target's width to the widest verify; the drafter keeps its block. Older bases refuse a
     schedule naming themselves."""
     c = resolved[case]
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert not c["ok"] and c["type"] == "ValueError", c
         assert f"this is SGLang {v2_base}: give one budget N" in c["msg"] and "--speculative-ddtree-budget" in c["msg"]
         return
@@ -225,7 +225,7 @@ def test_schedule_resolution(v2_base, resolved, case):
 @pytest.mark.parametrize("case,block", [("auto", 4), ("auto_block8", 8)])
 def test_auto_is_the_cost_model_schedule(v2_base, resolved, case, block):
     c = resolved[case]
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert not c["ok"] and f"this is SGLang {v2_base}" in c["msg"] and "auto" in c["msg"], c
         return
     assert c["ok"], c
@@ -242,7 +242,7 @@ def test_auto_is_the_cost_model_schedule(v2_base, resolved, case, block):
 def test_bad_schedules_name_the_flag(v2_base, resolved, case, words):
     c = resolved[case]
     assert not c["ok"] and c["type"] == "ValueError", c
-    if v2_base != "0.5.17":  # refused before parsing: the base cannot run any schedule
+    if not TRAITS[v2_base].schedule:  # refused before parsing: the base cannot run any schedule
         assert f"this is SGLang {v2_base}" in c["msg"], c["msg"]
         return
     for w in words:
@@ -252,7 +252,7 @@ def test_bad_schedules_name_the_flag(v2_base, resolved, case, words):
 def test_adaptation_flag(v2_base, resolved):
     """0.5.17: --speculative-ddtree-adapt sizes the target for the chain's block too (a tree size may drop to the
     chain); it needs a budget. Older bases have no such flag."""
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert not resolved["sched_adapt"]["ok"] and resolved["sched_adapt"]["type"] == "SystemExit"
         return
     a, b = resolved["sched_adapt"], resolved["b2_adapt"]
@@ -293,7 +293,7 @@ def test_schedule_flag_that_does_nothing(v2_base, resolved):
     budget and beside a command-line budget (resolution would replace it), naming the budget flag to use; older
     bases do not have it (argparse refuses it). Resolved arguments resolved again keep their schedule."""
     alone, beside, again = resolved["schedule_alone"], resolved["schedule_beside_budget"], resolved["reresolved"]
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert alone["type"] == beside["type"] == "SystemExit", (alone, beside)
         assert again["ok"] and again["budget"] == 15 and again["num_draft_tokens"] == 16, again
         return

@@ -1,5 +1,5 @@
-"""Names that moved between the spec-v2 bases (0.5.14 - 0.5.17), resolved once, newest location first, and the
-one worker call whose keywords changed.
+"""Names that moved between the spec-v2 bases (0.5.14 and later), resolved once, newest location first, the one
+worker call whose keywords changed, and how a resolved ServerArgs copy of our own is written.
 
 Each entry is looked up lazily so that importing this package never pulls in GPU-only modules; a name found in
 none of the places is a clear ImportError naming every place tried.
@@ -21,6 +21,8 @@ _PLACES: dict[str, tuple[str, ...]] = {
     "apply_dflash_verify_logits_adjustments": ("sglang.srt.speculative.dflash_utils",),
     "ForwardMode": ("sglang.srt.model_executor.forward_batch_info",),
     "CaptureHiddenMode": ("sglang.srt.model_executor.forward_batch_info",),
+    # 0.5.18+: resolved ServerArgs refuse plain assignment; the pipeline's own writer (ServerArgs.override is gone)
+    "_apply_fields": ("sglang.srt.arg_groups.overrides",),
 }
 _CACHE: dict[str, Any] = {}
 
@@ -41,6 +43,23 @@ def base_name(name: str) -> Any:
             return _CACHE[name]
         tried.append(module)
     raise ImportError(f"DDTree: {name} is in none of {', '.join(tried)}: this SGLang is not a supported base")
+
+
+def write_resolved(args: Any, source: str, **fields: Any) -> None:
+    """Set ``fields`` on resolved server arguments that this package owns (the draft worker's private copy).
+
+    0.5.16 and 0.5.17: ``ServerArgs.override(source, ...)``, the audited mutation point. 0.5.18 and later: resolved
+    ServerArgs refuse assignment and have no ``override``; the copy is written the way the base's resolution
+    pipeline writes it (``arg_groups.overrides._apply_fields``). Older bases: plain assignment."""
+    override = getattr(args, "override", None)
+    if override is not None:
+        override(source, **fields)
+        return
+    if getattr(args, "_declarations_materialized", False):
+        base_name("_apply_fields")(args, fields)
+        return
+    for key, value in fields.items():
+        setattr(args, key, value)
 
 
 _PARAMS: dict[Callable, frozenset] = {}

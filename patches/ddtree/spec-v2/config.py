@@ -31,6 +31,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from .bases import with_trait
+
 logger = logging.getLogger(__name__)
 
 #: The verify width (budget + 1) bounds the tree mask and the CUDA-graph buffers.
@@ -71,8 +73,8 @@ BUDGET_FLAG = "--speculative-ddtree-budget"
 #: acceptance profile, runtime ``schedule.default_schedule``).
 AUTO = "auto"
 #: Bases whose series give each captured batch size its own verify width (target graphs and the draft graph's
-#: tree build); the others take a single budget only.
-SCHEDULE_BASES = ("0.5.17",)
+#: tree build); the others take a single budget only (the bases table, ``bases.py``).
+SCHEDULE_BASES = with_trait("schedule")
 
 
 def _schedule_mod() -> Any:
@@ -317,11 +319,9 @@ def set_draft_width(draft_args: Any) -> None:
     width = draft_width(draft_args)
     if width is None:
         return
-    override = getattr(draft_args, "override", None)
-    if override is not None:  # resolved ServerArgs on 0.5.16+: the audited mutation point
-        override("ddtree.draft_width", speculative_num_draft_tokens=width)
-    else:
-        draft_args.speculative_num_draft_tokens = width
+    from .compat import write_resolved
+
+    write_resolved(draft_args, "ddtree.draft_width", speculative_num_draft_tokens=width)
 
 
 def draft_server_args(server_args: Any) -> Any:

@@ -37,6 +37,8 @@ from typing import Any, Optional
 
 import torch
 
+from .bases import with_trait
+
 logger = logging.getLogger(__name__)
 
 #: The largest budget the runtime's tree kernels take (verify width 1025); memory is the practical bound.
@@ -207,7 +209,7 @@ def target_problems(model_runner: Any) -> list[str]:
         return [f"{family} layers ({name}): DDTree branches the recurrent state of GatedDeltaNet layers only"]
     if not hasattr(linear, "ddtree"):
         return [f"hybrid GatedDeltaNet targets on this SGLang ({name}): DDTree branches their recurrent state on "
-                "SGLang 0.5.17 only (its patch 0004)"]
+                f"SGLang {' / '.join(with_trait('hybrid'))} only (their patch 0004)"]
     problems = []
     if linear.ddtree is None:
         problems.append("a GDN backend built without DDTree's tree verify (the patch set is incomplete)")
