@@ -340,9 +340,10 @@ def _port_report(res) -> None:
     for p in res.patches:
         for h in p.hunks:
             c = _PORT_COLOURS.get(h.status, "white")
-            rows.append([p.name, h.file, h.header.strip()[:60], f"[{c}]{h.status}[/{c}]", h.detail])
+            hunk = h.header.split(" @@")[0] + " @@" if h.header.startswith("@@") else h.header
+            rows.append([p.name, h.file.removeprefix("sglang/srt/"), hunk, f"[{c}]{h.status}[/{c}]", h.detail])
     out.print(table(f"{res.name}: sglang {res.from_version} -> {res.to_version} ({res.base['source']})",
-                    ["patch", "file", "hunk", "status", "detail"], rows))
+                    ["patch", "file (under sglang/srt/)", "hunk", "status", "detail"], rows))
     for p in res.patches:
         for f in p.files:
             if f.conflict_file:

@@ -91,3 +91,18 @@ def test_port_rebuilds_the_0518_series(tmp_path: Path):
                 "--json", cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(s["status"] == "applied" for s in json.loads(r.stdout)["steps"])
+
+
+def test_port_skips_a_patch_upstream_has(tmp_path: Path):
+    """A series entry that says its change is upstream from the new base on is left out of the port (reported as
+    skipped, named in the notes); the others are ported as before."""
+    root, work = _family(tmp_path / "patches"), tmp_path / "work"
+    y = root / "ddtree" / "sglang-0.5.17" / "patchset.yaml"
+    y.write_text(y.read_text().replace("  - 0004-hybrid.patch\n", '  - {patch: 0004-hybrid.patch, upstream_merged: "0.5.18"}\n'))
+    r = _port(root, work, "--dry-run")
+    assert r.returncode == EXIT_PATCH, r.stdout + r.stderr  # 0003 still conflicts
+    rep = json.loads(r.stdout)
+    assert [p["status"] for p in rep["patches"]] == ["clean", "clean", "conflict", "skipped"]
+    assert "in sglang since 0.5.18" in rep["patches"][3]["hunks"][0]["detail"]
+    assert rep["series"] == ["0001-dispatch.patch", "0002-worker.patch", "0003-graph-mask.patch"]
+    assert not work.exists(), "--dry-run writes nothing, not even the work directory"
