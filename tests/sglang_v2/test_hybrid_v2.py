@@ -114,10 +114,10 @@ def gdn(kernels=(Triton, Triton, Triton), flashinfer=False, ddtree=True):
     return g
 
 
-def check(mr):
+def check(mr, **kw):
     rnd = DDTreeRound(NS(speculative_ddtree_budget=16), block_size=16)  # no flag beside the budget
     try:
-        rnd.check_target(mr, is_hybrid=True)
+        rnd.check_target(mr, is_hybrid=True, **kw)
         return {"ok": True, "hybrid": rnd.hybrid}
     except ValueError as e:
         return {"ok": False, "msg": str(e), "hybrid": rnd.hybrid}
@@ -125,6 +125,8 @@ def check(mr):
 
 out = {}
 out["gdn"] = check(runner(gdn()))
+out["dflash1"] = check(runner(gdn()), worker=NS(selector=None))  # the worker a 0.5.19+ series passes
+out["dflash2"] = check(runner(gdn()), worker=NS(selector=object()))  # a DFlash2 drafter's candidate selector
 if sys.argv[2] == "hybrid":  # a base whose series has patch 0004
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.lightning_backend import LightningAttentionBackend
@@ -154,6 +156,16 @@ def refusals(v2_trees, tmp_path_factory) -> dict:
     return {v: _result(run_python(v2_trees(v), tmp_path_factory.mktemp(f"refuse-{v}"), REFUSALS, v,
                                   "hybrid" if TRAITS[v].hybrid else "plain"))
             for v in (*with_trait("hybrid"), "0.5.16")}
+
+
+def test_dflash2_drafter_is_refused_at_start_up(refusals):
+    """0.5.19+ serve DFlash2 drafters through a candidate selector; DDTree does not read its lattice, so a DFlash2
+    drafter is refused at worker start with the reason, and a DFlash1 drafter (no selector) starts."""
+    for base in with_trait("hybrid"):
+        assert refusals[base]["dflash1"] == {"ok": True, "hybrid": True}, base
+    for base in refusals:
+        got = refusals[base]["dflash2"]
+        assert not got["ok"] and "a DFlash2 drafter" in got["msg"] and "candidate selector" in got["msg"], got
 
 
 @pytest.mark.parametrize("case, words", [

@@ -16,7 +16,23 @@ TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size
 SCRIPT = '''
 import json, sys
 from sglang.srt import server_args as S
-from sglang.srt.server_args import prepare_server_args
+from sglang.srt.server_args import prepare_server_args as _prepare
+
+
+def prepare_server_args(argv):
+    """The arguments resolved as the launcher resolves them (0.5.19+: a step of its own, resolve_once)."""
+    sa = _prepare(argv)
+    if hasattr(sa, "resolve_once"):
+        sa.resolve_once()
+    return sa
+
+
+def view(sa):
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+    except ImportError:  # bases without the declaration overlay
+        return sa
+    return resolved_view(sa)
 from sglang.srt.speculative.ddtree_v2.config import draft_server_args
 tgt, drf = sys.argv[1], sys.argv[2]
 
@@ -76,11 +92,12 @@ for name, extra in CASES.items():
         # 0.5.16 renamed the width hook (the old name stays as a deprecated alias); 0.5.14/15 have the old one only
         width = (getattr(algo, "get_num_tokens_per_req_for_target_verify", None)
                  or algo.get_num_tokens_per_bs_for_target_verify)
-        n = sa.speculative_num_draft_tokens
+        v = view(sa)  # the resolved values, where readers read them (0.5.19+: the declarations, not the fields)
+        n = v.speculative_num_draft_tokens
         draft = draft_server_args(sa)  # what the 0.5.14-0.5.16 workers build their draft worker from
-        out[name] = {"ok": True, "num_draft_tokens": n, "block_size": sa.speculative_dflash_block_size,
-                     "budget": sa.speculative_ddtree_budget, "topk": sa.speculative_eagle_topk,
-                     "schedule": getattr(sa, "speculative_ddtree_schedule", None),
+        out[name] = {"ok": True, "num_draft_tokens": n, "block_size": v.speculative_dflash_block_size,
+                     "budget": v.speculative_ddtree_budget, "topk": v.speculative_eagle_topk,
+                     "schedule": getattr(v, "speculative_ddtree_schedule", None),
                      "target_width": width(n, False), "draft_width": width(n, True),
                      "copy_is_target": draft is sa, "copy_num_draft_tokens": draft.speculative_num_draft_tokens,
                      "copy_draft_width": width(draft.speculative_num_draft_tokens, True),
@@ -101,6 +118,8 @@ from sglang.version import __version__ as version
 try:
     sa = prepare_server_args(common + ["--speculative-ddtree-budget", "1:15,4:0" if version in sys.argv[3].split(",") else "15"])
     again = S.ServerArgs(**{f.name: getattr(sa, f.name) for f in dataclasses.fields(sa) if f.init})
+    if hasattr(again, "resolve_once"):
+        again.resolve_once()
     out["reresolved"] = {"ok": True, "budget": again.speculative_ddtree_budget,
                          "num_draft_tokens": again.speculative_num_draft_tokens,
                          "schedule": getattr(again, "speculative_ddtree_schedule", None)}
@@ -196,7 +215,8 @@ def test_kv_reservation_covers_draft_and_verify(v2_tree: Path, resolved):
     # committed + one stale round (a block) + the wider of draft block and verify width
     assert resolved["reserve"] == [181, 132, 23, None, 16]
     prep = (v2_tree / "sglang/srt/speculative/dflash_info_v2.py").read_text()
-    assert "committed_len + reserve_ahead" in prep
+    # 0.5.19+ reserve through the base's page-aligned allocation helper, which takes the reservation itself
+    assert "committed_len + reserve_ahead" in prep or ("reserve = kv_reservation(" in prep and "reserve=reserve" in prep)
 
 
 SCHEDULES = {  # case: (canonical schedule, largest budget, widest verify with the draft config's block of 4)

@@ -37,6 +37,7 @@ BASES: dict[str, Base] = {
     "0.5.16": Base(draft_width="copy", tree_in_graph=True, grammar=False, schedule=False, hybrid=False),
     "0.5.17": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
     "0.5.18": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
+    "0.5.19": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
 }
 
 

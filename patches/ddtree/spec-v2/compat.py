@@ -21,8 +21,8 @@ _PLACES: dict[str, tuple[str, ...]] = {
     "apply_dflash_verify_logits_adjustments": ("sglang.srt.speculative.dflash_utils",),
     "ForwardMode": ("sglang.srt.model_executor.forward_batch_info",),
     "CaptureHiddenMode": ("sglang.srt.model_executor.forward_batch_info",),
-    # 0.5.18+: resolved ServerArgs refuse plain assignment; the pipeline's own writer (ServerArgs.override is gone)
-    "_apply_fields": ("sglang.srt.arg_groups.overrides",),
+    # 0.5.19+: resolvers record their writes in the declaration stash (the fields are projected from it)
+    "declare_resolution": ("sglang.srt.arg_groups.overrides",),
 }
 _CACHE: dict[str, Any] = {}
 
@@ -49,16 +49,30 @@ def write_resolved(args: Any, source: str, **fields: Any) -> None:
     """Set ``fields`` on resolved server arguments that this package owns (the draft worker's private copy).
 
     0.5.16 and 0.5.17: ``ServerArgs.override(source, ...)``, the audited mutation point. 0.5.18 and later: resolved
-    ServerArgs refuse assignment and have no ``override``; the copy is written the way the base's resolution
-    pipeline writes it (``arg_groups.overrides._apply_fields``). Older bases: plain assignment."""
+    ServerArgs refuse assignment and have no ``override`` (changes to the published record go through the runtime
+    context); this copy is never published, so its fields are written as the base's own resolution writes them,
+    past the guard. Older bases: plain assignment."""
     override = getattr(args, "override", None)
     if override is not None:
         override(source, **fields)
         return
-    if getattr(args, "_declarations_materialized", False):
-        base_name("_apply_fields")(args, fields)
-        return
     for key, value in fields.items():
+        object.__setattr__(args, key, value)
+
+
+def resolution_write(args: Any, source: str, **fields: Any) -> None:
+    """A write made while the server arguments resolve (DDTree's ``pre_resolve`` / ``post_resolve``).
+
+    0.5.19 and later resolve through a declaration stash (``arg_groups.overrides.declare_resolution``): the fields
+    are projected from it when resolution ends, so a plain assignment would be replaced by the base's own
+    declarations; the write is declared after them. Older bases: plain assignment."""
+    try:
+        declare = base_name("declare_resolution")
+    except ImportError:
+        declare = None
+    if declare is not None:
+        declare(args, source, **fields)
+    for key, value in fields.items():  # the fields themselves too: readers that do not go through a view
         setattr(args, key, value)
 
 

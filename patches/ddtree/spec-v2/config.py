@@ -32,6 +32,7 @@ import logging
 from typing import Any, Optional
 
 from .bases import with_trait
+from .compat import resolution_write
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def pre_resolve(server_args: Any) -> Any:
         raise ValueError(f"{BUDGET_FLAG}={value} does not match the recorded schedule {recorded} (largest budget "
                          f"{parsed.max_budget}).")
     if parsed is not AUTO:
-        server_args.speculative_ddtree_budget = parsed.max_budget
+        resolution_write(server_args, "ddtree.pre_resolve", speculative_ddtree_budget=parsed.max_budget)
     if server_args.speculative_num_draft_tokens is not None:
         block = server_args.speculative_dflash_block_size
         already = (block is not None and parsed is not AUTO
@@ -206,7 +207,7 @@ def pre_resolve(server_args: Any) -> Any:
                 "--speculative-dflash-block-size (or let the draft config decide). Got "
                 f"speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
                 f"speculative_ddtree_budget={value}.")
-        server_args.speculative_num_draft_tokens = int(block)
+        resolution_write(server_args, "ddtree.pre_resolve", speculative_num_draft_tokens=int(block))
     return parsed
 
 
@@ -269,7 +270,7 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     ``speculative_num_draft_tokens`` becomes the widest verify of the schedule (budget + 1 of its largest budget,
     or the block where that is wider and some batch sizes run the chain); ``speculative_ddtree_budget`` the largest
     budget (an int, what sizes the tree buffers), ``speculative_ddtree_schedule`` the schedule's canonical text."""
-    block_size = int(server_args.speculative_num_draft_tokens)
+    block_size = int(_view(server_args).speculative_num_draft_tokens)
     never, unproven = refusals(server_args, block_size, grammar_in_worker=grammar_in_worker)
     allow = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
     if never:
@@ -289,11 +290,11 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
     if width > MAX_VERIFY_WIDTH:
         raise ValueError(f"{BUDGET_FLAG}={schedule}: the verify width (budget + 1) must be <= {MAX_VERIFY_WIDTH}.")
-    server_args.speculative_dflash_block_size = block_size
-    server_args.speculative_num_draft_tokens = width
-    server_args.speculative_ddtree_budget = schedule.max_budget
+    fields = dict(speculative_dflash_block_size=block_size, speculative_num_draft_tokens=width,
+                  speculative_ddtree_budget=schedule.max_budget)
     if hasattr(server_args, "speculative_ddtree_schedule") or not schedule.is_single:
-        server_args.speculative_ddtree_schedule = str(schedule)
+        fields["speculative_ddtree_schedule"] = str(schedule)
+    resolution_write(server_args, "ddtree.post_resolve", **fields)
     logger.info("DDTree enabled: budget schedule %s%s%s, widest verify %d, draft block size %d.", schedule,
                 " (auto)" if parsed is AUTO else "", ", adapted online" if adapt_on(server_args) else "", width,
                 block_size)

@@ -104,11 +104,17 @@ class DDTreeRound:
         return cls(server_args, block_size=block_size)
 
     # -- start-up ------------------------------------------------------------------------------------------------
-    def check_target(self, model_runner: Any, *, is_hybrid: bool) -> None:
+    def check_target(self, model_runner: Any, *, is_hybrid: bool, worker: Any = None) -> None:
         """Refuse, at worker start, what the server arguments could not see: the backend class actually built, a
-        hybrid linear-attention target, sliding-window attention in the target."""
+        hybrid linear-attention target, sliding-window attention in the target, a DFlash2 drafter (``worker``: the
+        DFLASH worker, on the bases whose series pass it)."""
         problems = []
         unproven = []
+        if getattr(worker, "selector", None) is not None:  # 0.5.19+: DFlash2's candidate selector
+            problems.append("a DFlash2 drafter (its candidate selector drafts a top-k lattice per position; DDTree "
+                            "builds its tree from the target LM head's top-k over DFlash1 drafter states and does "
+                            "not read the selector's candidates: use a DFlash1 drafter, or run DFLASH without "
+                            "--speculative-ddtree-budget)")
         backend = full_attention_backend(model_runner.attn_backend)
         cls_name = type(backend).__name__
         name = BACKEND_CLASSES.get(cls_name)
