@@ -36,6 +36,7 @@ from .probe import ProbeResult, Stage
 from .release import PushResult, rollback_target
 from .server import require_server, server_spec
 from .transaction import ApplyReport, Progress, Run, quiet, run_on_host
+from .launch_check import check_launch_line
 
 _quiet = quiet
 
@@ -77,6 +78,7 @@ def deploy_overlay(host: Host, overlay: Overlay, *, break_lock: bool = False, co
             details["base_drift"] = pushed.base_drift
             progress(f"[bold red]{host.name}: WARNING: pushed despite base drift (--allow-base-drift): "
                      f"{'; '.join(pushed.base_drift[:3])}[/bold red]")
+        details["launch_line"] = check_launch_line(run.conn, host, pushed.release_id)  # before the switch
         mgr.switch(pushed.release_id, probing=True)
         timings["push_switch"] = time.monotonic() - t
         progress(f"{host.name}: switched current → {pushed.release_id}; probing")
