@@ -127,6 +127,7 @@ out = {}
 out["gdn"] = check(runner(gdn()))
 out["dflash1"] = check(runner(gdn()), worker=NS(selector=None))  # the worker a 0.5.19+ series passes
 out["dflash2"] = check(runner(gdn()), worker=NS(selector=object()))  # a DFlash2 drafter's candidate selector
+out["domino"] = check(runner(gdn()), worker=NS(selector=None, _is_domino=True))  # 0.5.20+: a Domino drafter
 if sys.argv[2] == "hybrid":  # a base whose series has patch 0004
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.lightning_backend import LightningAttentionBackend
@@ -159,13 +160,16 @@ def refusals(v2_trees, tmp_path_factory) -> dict:
 
 
 def test_dflash2_drafter_is_refused_at_start_up(refusals):
-    """0.5.19+ serve DFlash2 drafters through a candidate selector; DDTree does not read its lattice, so a DFlash2
-    drafter is refused at worker start with the reason, and a DFlash1 drafter (no selector) starts."""
+    """0.5.19+ serve DFlash2 drafters through a candidate selector and 0.5.20+ Domino drafters through a GRU
+    rollout; DDTree reads neither, so both are refused at worker start with the reason, and a DFlash1 drafter
+    starts."""
     for base in with_trait("hybrid"):
         assert refusals[base]["dflash1"] == {"ok": True, "hybrid": True}, base
     for base in refusals:
         got = refusals[base]["dflash2"]
         assert not got["ok"] and "a DFlash2 drafter" in got["msg"] and "candidate selector" in got["msg"], got
+        got = refusals[base]["domino"]
+        assert not got["ok"] and "a Domino drafter" in got["msg"] and "prefix-GRU" in got["msg"], got
 
 
 @pytest.mark.parametrize("case, words", [

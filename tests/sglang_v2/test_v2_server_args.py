@@ -99,10 +99,10 @@ for name, extra in CASES.items():
                      "budget": v.speculative_ddtree_budget, "topk": v.speculative_eagle_topk,
                      "schedule": getattr(v, "speculative_ddtree_schedule", None),
                      "target_width": width(n, False), "draft_width": width(n, True),
-                     "copy_is_target": draft is sa, "copy_num_draft_tokens": draft.speculative_num_draft_tokens,
-                     "copy_draft_width": width(draft.speculative_num_draft_tokens, True),
-                     "target_after_copy": sa.speculative_num_draft_tokens,
-                     "adapt": getattr(sa, "speculative_ddtree_adapt", None)}
+                     "copy_is_target": draft is sa, "copy_num_draft_tokens": view(draft).speculative_num_draft_tokens,
+                     "copy_draft_width": width(view(draft).speculative_num_draft_tokens, True),
+                     "target_after_copy": view(sa).speculative_num_draft_tokens,
+                     "adapt": getattr(v, "speculative_ddtree_adapt", None)}
     except BaseException as e:  # an unknown flag (--speculative-ddtree-adapt before 0.5.17) exits argparse
         out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 # EAGLE with a budget: refused before any EAGLE handling
@@ -117,12 +117,17 @@ import dataclasses
 from sglang.version import __version__ as version
 try:
     sa = prepare_server_args(common + ["--speculative-ddtree-budget", "1:15,4:0" if version in sys.argv[3].split(",") else "15"])
-    again = S.ServerArgs(**{f.name: getattr(sa, f.name) for f in dataclasses.fields(sa) if f.init})
+    try:  # 0.5.20+: ServerArgs is a record composed of per-namespace structs, not a dataclass
+        from sglang.srt.arg_groups.arg_utils import record_fields
+    except ImportError:
+        record_fields = dataclasses.fields
+    again = S.ServerArgs(**{f.name: getattr(sa, f.name) for f in record_fields(type(sa)) if getattr(f, "init", True)})
     if hasattr(again, "resolve_once"):
         again.resolve_once()
-    out["reresolved"] = {"ok": True, "budget": again.speculative_ddtree_budget,
-                         "num_draft_tokens": again.speculative_num_draft_tokens,
-                         "schedule": getattr(again, "speculative_ddtree_schedule", None)}
+    va = view(again)
+    out["reresolved"] = {"ok": True, "budget": va.speculative_ddtree_budget,
+                         "num_draft_tokens": va.speculative_num_draft_tokens,
+                         "schedule": getattr(va, "speculative_ddtree_schedule", None)}
 except Exception as e:
     out["reresolved"] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 from types import SimpleNamespace

@@ -38,6 +38,7 @@ BASES: dict[str, Base] = {
     "0.5.17": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
     "0.5.18": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
     "0.5.19": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
+    "0.5.20": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
 }
 
 

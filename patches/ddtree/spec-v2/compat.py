@@ -46,18 +46,15 @@ def base_name(name: str) -> Any:
 
 
 def write_resolved(args: Any, source: str, **fields: Any) -> None:
-    """Set ``fields`` on resolved server arguments that this package owns (the draft worker's private copy).
-
-    0.5.16 and 0.5.17: ``ServerArgs.override(source, ...)``, the audited mutation point. 0.5.18 and later: resolved
-    ServerArgs refuse assignment and have no ``override`` (changes to the published record go through the runtime
-    context); this copy is never published, so its fields are written as the base's own resolution writes them,
-    past the guard. Older bases: plain assignment."""
+    """Set ``fields`` on resolved server arguments that this package owns (the draft worker's private copy, on the
+    bases that build one: 0.5.14-0.5.16). 0.5.16: ``ServerArgs.override(source, ...)``, the audited mutation
+    point; 0.5.14 / 0.5.15: plain assignment."""
     override = getattr(args, "override", None)
     if override is not None:
         override(source, **fields)
         return
     for key, value in fields.items():
-        object.__setattr__(args, key, value)
+        setattr(args, key, value)
 
 
 def resolution_write(args: Any, source: str, **fields: Any) -> None:
@@ -65,14 +62,16 @@ def resolution_write(args: Any, source: str, **fields: Any) -> None:
 
     0.5.19 and later resolve through a declaration stash (``arg_groups.overrides.declare_resolution``): the fields
     are projected from it when resolution ends, so a plain assignment would be replaced by the base's own
-    declarations; the write is declared after them. Older bases: plain assignment."""
+    declarations (and 0.5.20 refuses it); the write is declared after them, and readers read the resolved view
+    (``config.resolved``). Older bases: plain assignment."""
     try:
         declare = base_name("declare_resolution")
     except ImportError:
         declare = None
-    if declare is not None:
+    if declare is not None:  # the record keeps the user's input (0.5.20 refuses a write to it during resolution)
         declare(args, source, **fields)
-    for key, value in fields.items():  # the fields themselves too: readers that do not go through a view
+        return
+    for key, value in fields.items():
         setattr(args, key, value)
 
 

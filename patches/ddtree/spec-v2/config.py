@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .bases import with_trait
+from .bases import BASES, with_trait
 from .compat import resolution_write
 
 logger = logging.getLogger(__name__)
@@ -60,12 +60,20 @@ SCHEDULE_FLAG = "--speculative-ddtree-schedule"
 
 
 def _view(server_args: Any) -> Any:
-    """The resolving configuration (overlaid declarations) where the base has one, else the args themselves."""
+    """The resolving configuration (overlaid declarations) where the base has one, else the args themselves (and
+    for a config bag, which holds resolved values already). From 0.5.19 the record keeps the user's input and the
+    resolved values live in the declarations: every read of a resolved field goes through this."""
     try:
         from sglang.srt.arg_groups.overrides import resolved_view
     except ImportError:  # bases without the declaration overlay
         return server_args
-    return resolved_view(server_args)
+    try:
+        return resolved_view(server_args)
+    except Exception:  # not a ServerArgs record (a config bag, a test's namespace)
+        return server_args
+
+
+resolved = _view
 
 
 #: The budget flag's name, which every message about it starts with.
@@ -135,11 +143,12 @@ def max_verify_width(schedule: Any, block_size: int, *, with_chain: bool = False
 
 
 def adapt_on(args: Any) -> bool:
-    return bool(getattr(args, "speculative_ddtree_adapt", False))
+    return bool(getattr(_view(args), "speculative_ddtree_adapt", False))
 
 
 def schedule_of(args: Any) -> Any:
     """The resolved schedule of server arguments (or a config bag), None with DDTree off."""
+    args = _view(args)
     budget = getattr(args, "speculative_ddtree_budget", None)
     if budget is None:
         return None
@@ -301,11 +310,12 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
 
 
 def enabled(server_args: Any) -> bool:
-    return getattr(server_args, "speculative_ddtree_budget", None) is not None
+    return getattr(_view(server_args), "speculative_ddtree_budget", None) is not None
 
 
 def draft_width(spec: Any) -> Optional[int]:
     """The draft runner's per-request width under DDTree (the block size), or None when DDTree is off."""
+    spec = _view(spec)
     if getattr(spec, "speculative_ddtree_budget", None) is None:
         return None
     block = getattr(spec, "speculative_dflash_block_size", None)
@@ -326,9 +336,13 @@ def set_draft_width(draft_args: Any) -> None:
 
 
 def draft_server_args(server_args: Any) -> Any:
-    """The arguments to build the draft worker from: ``server_args`` itself with DDTree off, else a copy with the
-    draft width (:func:`set_draft_width`); the target's arguments are never changed."""
+    """The arguments to build the draft worker from: ``server_args`` itself with DDTree off or where the base's
+    width hook gives the draft runner its block size (bases.py ``draft_width`` "hook"), else a copy with the draft
+    width (:func:`set_draft_width`; 0.5.14-0.5.16); the target's arguments are never changed."""
     if draft_width(server_args) is None:
+        return server_args
+    row = BASES.get(base_version())
+    if row is not None and row.draft_width == "hook":  # the width hook gives the draft runner its block: no copy
         return server_args
     from copy import deepcopy
 

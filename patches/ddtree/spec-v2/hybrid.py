@@ -38,6 +38,7 @@ from typing import Any, Optional
 import torch
 
 from .bases import with_trait
+from .config import resolved
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ def target_problems(model_runner: Any) -> list[str]:
             problems.append(f"{len(cache.conv)} conv state types per layer (GatedDeltaNet has one)")
         else:
             win = cache.intermediate_conv_window[0]
-            if win.stride(-1) == win.stride(2) or win.shape[2] != int(model_runner.server_args.speculative_num_draft_tokens):
+            if win.stride(-1) == win.stride(2) or win.shape[2] != int(resolved(model_runner.server_args).speculative_num_draft_tokens):
                 problems.append("the shared sliding-window conv scratch (a chain's layout; patch 0004 keeps one "
                                 "window per node when DDTree is on)")
             temporal = cache.temporal
