@@ -311,7 +311,7 @@ def run_scripts(tree: Path, work: Path, scripts=CPU_SCRIPTS) -> dict:
     subprocess's output when it died), so one script's failure fails only the tests that read it."""
     plan = []
     for name, code, argv in scripts:
-        path = work / f"{name}.py"
+        path = work / f"script_{name}.py"  # not flashinfer.py: it would shadow the package (0.5.22 imports it)
         path.write_text(code)
         plan.append((name, str(path), list(argv)))
     r = run_python(tree, work, _BATCH, json.dumps(plan))

@@ -21,7 +21,10 @@ class Base:
     ``grammar``: the base's DFLASH worker does constrained decoding (so DDTree refuses a grammar backend as
     unproven); older bases abort grammar requests in the scheduler. ``schedule``: the series gives each captured
     batch size its own verify width (a budget schedule, ``--speculative-ddtree-adapt``). ``hybrid``: the series has
-    patch 0004 (GatedDeltaNet hybrids through the runtime's tree kernels).
+    patch 0004 (GatedDeltaNet hybrids through the runtime's tree kernels). ``flashinfer``: DDTree's verify input
+    builds the base's FlashInfer verify arguments (checked on CPU against the base's own code); where not
+    (0.5.22+: those arguments come through a KV-index translator and plan that DDTree's input is not checked
+    against), ``--attention-backend flashinfer`` is refused with DDTree.
     """
 
     draft_width: str
@@ -29,6 +32,7 @@ class Base:
     grammar: bool
     schedule: bool
     hybrid: bool
+    flashinfer: bool = True
 
 
 BASES: dict[str, Base] = {
@@ -39,6 +43,11 @@ BASES: dict[str, Base] = {
     "0.5.18": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
     "0.5.19": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
     "0.5.20": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
+    "0.5.21": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
+    "0.5.22": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True,
+                   flashinfer=False),
+    "0.5.23": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True,
+                   flashinfer=False),
 }
 
 

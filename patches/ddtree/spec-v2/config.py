@@ -245,7 +245,12 @@ def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = Tru
         if value is None or value in PROVEN_BACKENDS:
             continue
         flag = "--" + key.replace("_", "-")
-        if value in WIRED_UNPROVEN_BACKENDS:
+        row = BASES.get(base_version())
+        if value == "flashinfer" and row is not None and not row.flashinfer:
+            never.append(f"{flag} {value} on SGLang {base_version()}: its FlashInfer verify arguments come through "
+                         "a KV-index translator and plan that DDTree's verify input is not checked against; use "
+                         "--attention-backend triton")
+        elif value in WIRED_UNPROVEN_BACKENDS:
             unproven.append(f"{flag} {value}: {WIRED_UNPROVEN_BACKENDS[value]}")
         elif value in UNWIRED_BACKENDS:
             never.append(f"{flag} {value}: {UNWIRED_BACKENDS[value]}; use --attention-backend triton")
