@@ -39,6 +39,7 @@ from .probe import ProbeResult, Stage
 from .release import PushResult, rollback_target
 from .server import require_server, server_spec
 from .transaction import ApplyReport, Progress, Run, quiet, run_on_host
+from .launch_check import check_launch_line
 
 _quiet = quiet
 
@@ -125,6 +126,7 @@ class _Executor:
 
     def _switch(self, step: Step) -> None:
         t = time.monotonic()
+        self.details["launch_line"] = check_launch_line(self.run.conn, self.host, self.release)  # before the switch
         self.run.mgr.switch(self.release, probing=True)
         self.timings["push_switch"] = self.timings.get("push_switch", 0.0) + time.monotonic() - t
         self.progress(f"{self.host.name}: switched current → {self.release}; probing")

@@ -1,4 +1,4 @@
-"""``ddtree-deploy patchset …``: list, show, check, diff, and the developer workflow (dev, refresh).
+"""``ddtree-deploy patchset …``: list, show, check, diff, and the developer workflow (dev, refresh, port).
 
 Thin: resolve the patch set and the base, call patchset.apply / patchset.dev, print a table or JSON, exit with the
 error's code (2 bad patch set, 5 does not apply).
@@ -19,7 +19,7 @@ from ..errors import DeployError, InputError, PatchDoesNotApply
 from ..patchset.apply import apply_patchset, render_diff
 from ..patchset.base import BaseSource, open_base
 from ..patchset.format import PatchSet, default_patches_root, find_patchset_for, list_patchset_names, load_patchset
-from ._options import JsonOpt, PatchesOpt
+from ._options import DryRunOpt, JsonOpt, PatchesOpt
 
 app = typer.Typer(
     cls=Group,
@@ -276,6 +276,90 @@ def refresh_cmd(
     out.print(f"base.files: {len(res.base_files)} hash(es); patchset.yaml "
               f"{'updated' if res.yaml_rewritten else 'unchanged'}"
               + ("" if res.yaml_comments_kept else " (re-written: its comments could not be kept)"))
+
+
+@app.command("port")
+def port_cmd(
+    name: str = typer.Argument(..., help="patch-set name (ddtree): the series of --from is ported"),
+    from_version: str = typer.Option(..., "--from", help="the base release whose series is ported (e.g. 0.5.17)"),
+    to_version: str = typer.Option(..., "--to", help="the new base release (e.g. 0.5.18)"),
+    wheel: Optional[Path] = typer.Option(None, "--wheel", help="the new base as a wheel file (default: the released "
+                                         "wheel of --to, downloaded once and cached)"),
+    snapshot: Optional[str] = SnapshotOpt,
+    work: Optional[Path] = typer.Option(None, "--work", help="where conflicting files are written (diff3 markers) to "
+                                        "edit; run the port again with the same --work to take the edited files "
+                                        "(default: a new temporary directory, named in the report)"),
+    force: bool = typer.Option(False, "--force", help="replace the series and patchset.yaml of an existing "
+                               "sglang-<to> folder"),
+    dry_run: bool = DryRunOpt,
+    root: Optional[Path] = PatchesOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Make the series for a new base by three-way rebase of the --from series, hunk by hunk: clean, offset, already
+    present upstream, merged, or conflict (exit 5: the conflicting files are written under --work to edit and
+    nothing is written into the patches tree). When everything ports, writes <root>/<name>/sglang-<to>/ (series,
+    patchset.yaml with the new base's version, file hashes and the torch/python it pins)."""
+    from ..patchset.base import WheelBase
+    from ..patchset.port import port_patchset
+    from ..wheels import fetch_wheel
+
+    if wheel is not None and snapshot:
+        raise InputError("give at most one of --wheel or --snapshot")
+    ps = find_patchset_for(name, from_version, root=root)
+    old = WheelBase(fetch_wheel(ps.base_package, from_version), package=ps.base_package)
+    if snapshot:
+        new = open_base(snapshot=snapshot)
+    elif wheel is not None:
+        new = open_base(base=str(wheel))
+    else:
+        new = open_base(base=f"{ps.base_package}=={to_version}")
+    try:
+        res = port_patchset(ps, old, new, to_version=to_version, work=work, force=force, dry_run=dry_run,
+                            progress=_progress)
+    except PatchDoesNotApply as exc:
+        res = getattr(exc, "port", None)
+        if res is None:
+            raise
+        if as_json:
+            emit_json({**res.describe(), "error": exc.message})
+        else:
+            _port_report(res)
+        if not as_json:
+            raise
+        raise typer.Exit(exc.exit_code) from None
+    if as_json:
+        emit_json(res.describe())
+        return
+    _port_report(res)
+
+
+_PORT_COLOURS = {"clean": "green", "offset": "green", "new-file": "green", "present": "cyan", "merged": "yellow",
+                 "resolved": "yellow", "conflict": "red"}
+
+
+def _port_report(res) -> None:
+    rows = []
+    for p in res.patches:
+        for h in p.hunks:
+            c = _PORT_COLOURS.get(h.status, "white")
+            hunk = h.header.split(" @@")[0] + " @@" if h.header.startswith("@@") else h.header
+            rows.append([p.name, h.file.removeprefix("sglang/srt/"), hunk, f"[{c}]{h.status}[/{c}]", h.detail])
+    out.print(table(f"{res.name}: sglang {res.from_version} -> {res.to_version} ({res.base['source']})",
+                    ["patch", "file (under sglang/srt/)", "hunk", "status", "detail"], rows))
+    for p in res.patches:
+        for f in p.files:
+            if f.conflict_file:
+                out.print(f"[red]conflict[/red] {escape(p.name)} {escape(f.path)}: {f.conflicts} region(s), edit "
+                          f"{escape(f.conflict_file)}", highlight=False)
+    for n in res.notes:
+        err.print(f"[bold yellow]NOTE:[/bold yellow] {escape(n)}", highlight=False)
+    if res.conflicts:
+        return
+    where = "would be written" if res.dry_run else "written"
+    out.print(f"[green]ok[/green]: {len(res.series)} patch(es) {where} to {escape(res.dest)}; requires "
+              + ", ".join(f"{k} {v}" for k, v in res.requires.items()), highlight=False)
+    if res.dry_run:
+        out.print("dry run: nothing was written")
 
 
 def register(root_app: typer.Typer) -> None:

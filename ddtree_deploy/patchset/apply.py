@@ -29,6 +29,7 @@ from .base import BaseSource, WheelBase, as_base_source
 from .explain import explain_failure, format_failure
 from .diff import MODE_EXEC, PatchFile
 from .format import MAX_FILE_BYTES, PatchSet, read_vendored
+from .lifecycle import gate
 
 Progress = Callable[[str], None]
 
@@ -77,7 +78,7 @@ class PatchStep:
 
     name: str
     files: list[str]
-    status: str  # "applied" | "3-way" | "failed" | "not reached"
+    status: str  # "applied" | "3-way" | "present" | "skipped" | "failed" | "not reached"
     detail: str = ""
 
 
@@ -154,9 +155,22 @@ def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_w
                     notes.append(pristine[0])
 
         for idx, patch in enumerate(patchset.patches):
+            verdict, why = gate(patch, base.package, base.version)
+            if verdict == "refuse":
+                steps[idx] = PatchStep(patch.name, patch.touched, "failed", why)
+                raise SeriesDoesNotApply(
+                    f"{why}; nothing was produced", details={"patch": patch.name, "reason": "applies_to",
+                                                              "steps": [s.__dict__ for s in steps]},
+                    hint="port the series to this base (`ddtree-deploy patchset port`)")
+            if verdict == "skip":
+                steps[idx] = PatchStep(patch.name, patch.touched, "skipped", why)
+                notes.append(f"{patch.name} skipped: {why}")
+                continue
             say(f"applying {patch.name}")
             steps[idx] = _apply_one(stage, patch, patchset, base, three_way=three_way, steps=steps, idx=idx,
                                     before_merge=need_pristine)
+            if steps[idx].status == "present":
+                notes.append(f"{patch.name} skipped: {steps[idx].detail}")
             if steps[idx].status == "3-way":
                 notes.append(f"--3way used: {patch.name} did not apply exactly; {steps[idx].detail}")
         files = _collect(stage, patchset, base, base_bytes, staged, created)
@@ -246,6 +260,8 @@ def _apply_one(stage: Path, patch: PatchFile, patchset: PatchSet, base: BaseSour
         if three_way:
             git(stage, "add", "-A")  # keep the index in step for a later 3-way merge
         return PatchStep(patch.name, patch.touched, "applied")
+    if git(stage, *args, "--reverse", "--check", str(patch.path), check=False).returncode == 0:
+        return PatchStep(patch.name, patch.touched, "present", "already in the base (reverse-applies cleanly): skipped")
     failure = explain_failure(patch, check.stderr.decode(errors="replace"), stage)
     if three_way:
         before_merge()

@@ -234,7 +234,7 @@ def refresh_patchset(patchset: PatchSet, repo: Path, *, renumber: bool = False, 
             base_files[path] = hashlib.sha256(blob.stdout).hexdigest()
 
     old_text = patchset.yaml_path.read_text()
-    new_text, kept = update_yaml_text(old_text, series=names, base_files=base_files)
+    new_text, kept = update_yaml_text(old_text, series=series_entries(patchset, names), base_files=base_files)
     # Validate the whole result in a scratch folder next to the real one (same relative runtime path) before
     # touching the patch set: a refresh that would not load writes nothing.
     scratch = Path(tempfile.mkdtemp(prefix=f".{patchset.dir.name}.refresh-", dir=patchset.dir.parent))
@@ -300,7 +300,7 @@ def _refresh_plan(patchset: PatchSet, names: list[str], bodies: dict[str, bytes]
 
 
 # -- editing patchset.yaml in place --------------------------------------------------------------------------------------
-def update_yaml_text(text: str, *, series: list[str], base_files: dict[str, str]) -> tuple[str, bool]:
+def update_yaml_text(text: str, *, series: list[str | dict[str, str]], base_files: dict[str, str]) -> tuple[str, bool]:
     """Replace the ``series`` list and ``base.files`` mapping, keeping every other line (and comments) as written.
 
     Returns (new text, True) or, when the layout is too unusual to edit line by line, a full re-dump (…, False).
@@ -308,7 +308,7 @@ def update_yaml_text(text: str, *, series: list[str], base_files: dict[str, str]
     lines = text.splitlines(keepends=True)
     try:
         lines = _replace_block(lines, top_key="series",
-                               new=["series:\n", *[f"  - {s}\n" for s in series]] if series else ["series: []\n"])
+                               new=["series:\n", *[f"  - {_entry(s)}\n" for s in series]] if series else ["series: []\n"])
         files_block = ["  files:\n", *[f"    {p}: {h}\n" for p, h in sorted(base_files.items())]] if base_files \
             else ["  files: {}\n"]
         lines = _replace_nested(lines, parent="base", key="files", new=files_block)
@@ -322,6 +322,26 @@ def update_yaml_text(text: str, *, series: list[str], base_files: dict[str, str]
     doc["series"] = list(series)
     doc["base"]["files"] = dict(sorted(base_files.items()))
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False), False
+
+
+def _entry(entry: str | dict[str, str]) -> str:
+    """A series entry as one YAML line: the file name, or a flow mapping with its lifecycle fields."""
+    if isinstance(entry, str):
+        return entry
+    return "{" + ", ".join(f"{k}: {v}" if k == "patch" else f'{k}: "{v}"' for k, v in entry.items()) + "}"
+
+
+def series_entries(patchset: PatchSet, names: list[str]) -> list[str | dict[str, str]]:
+    """``names`` as series entries, each keeping the lifecycle fields its entry has in ``patchset``."""
+    from .format import LIFECYCLE_FIELDS
+
+    by_name = {p.name: p for p in patchset.patches}
+    out: list[str | dict[str, str]] = []
+    for n in names:
+        p = by_name.get(n)
+        fields = {k: getattr(p, k) for k in LIFECYCLE_FIELDS if p is not None and getattr(p, k)}
+        out.append({"patch": n, **fields} if fields else n)
+    return out
 
 
 def _block_end(lines: list[str], start: int, indent: int) -> int:

@@ -82,6 +82,11 @@ class PatchFile:
     subject: str
     files: tuple[FilePatch, ...]
     is_mbox: bool  # written by `git format-patch` (has a "From <sha>" line and mail headers)
+    # lifecycle (the series entry's optional fields): base versions it is for (a PEP 440 specifier), the patch
+    # of the series that replaces it, the first base release that contains its change
+    applies_to: str = ""
+    superseded_by: str = ""
+    upstream_merged: str = ""
 
     @property
     def touched(self) -> list[str]:

@@ -19,7 +19,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -118,7 +118,8 @@ class PatchSet:
             "base": {"package": self.base_package, "version": self.base_version, "files": dict(self.base_files)},
             "requires": dict(self.requires),
             "series": [{"name": p.name, "subject": p.subject, "files": p.touched,
-                        "added": p.stat()[0], "removed": p.stat()[1]} for p in self.patches],
+                        "added": p.stat()[0], "removed": p.stat()[1],
+                        **{k: getattr(p, k) for k in LIFECYCLE_FIELDS if getattr(p, k)}} for p in self.patches],
             "runtime": None if self.runtime is None else {
                 "source": str(self.runtime.source), "dest": self.runtime.dest,
                 "files": [dest for dest, _ in self.runtime.files]},
@@ -148,10 +149,38 @@ def _check_requires(value: dict[str, Any]) -> str | None:
     return None
 
 
-def _check_series_entry(value: str) -> str | None:
+def _check_series_name(value: str) -> str | None:
     if "/" in value or "\\" in value or value.startswith("."):
         return "a series entry must be a file name inside the patch-set directory (no '/', no '..')"
     return None if _SERIES_ENTRY.match(value) else "expected a file name ending in .patch or .diff"
+
+
+#: The fields a series entry may carry besides its file name (``- patch: NAME`` form).
+LIFECYCLE_FIELDS = ("applies_to", "superseded_by", "upstream_merged")
+
+
+def _check_series_entry(value: Any) -> str | None:
+    """A file name, or a mapping ``{patch: NAME, applies_to: SPEC, superseded_by: NAME, upstream_merged: VER}``."""
+    if isinstance(value, str):
+        return _check_series_name(value)
+    if not isinstance(value, dict) or not isinstance(value.get("patch"), str):
+        return "expected a patch file name, or a mapping with 'patch' (and applies_to / superseded_by / upstream_merged)"
+    unknown = sorted(set(value) - {"patch", *LIFECYCLE_FIELDS})
+    if unknown:
+        return f"unknown field {unknown[0]!r} (a series entry has patch, {', '.join(LIFECYCLE_FIELDS)})"
+    for key in ("applies_to", "superseded_by", "upstream_merged"):
+        if key in value and not isinstance(value[key], str):
+            return f"{key}: expected a string (quote versions: '0.5.20')"
+    if "applies_to" in value:
+        try:
+            SpecifierSet(value["applies_to"])
+        except InvalidSpecifier:
+            return f"applies_to: {value['applies_to']!r} is not a version specifier (e.g. '>=0.5.14,<0.5.20')"
+    if "upstream_merged" in value and _check_version(value["upstream_merged"]):
+        return f"upstream_merged: {value['upstream_merged']!r} is not a version (the first base that has the change)"
+    if "superseded_by" in value and _check_series_name(value["superseded_by"]):
+        return f"superseded_by: {_check_series_name(value['superseded_by'])}"
+    return _check_series_name(value["patch"])
 
 
 Name = checked(str, _check_name)
@@ -182,7 +211,8 @@ class PatchSetFile(Strict):
     description: str = setting("")
     base: _Base = setting(help="the package release the series was made against")
     requires: checked(StrMap, _check_requires) = setting(factory=dict)
-    series: list[checked(str, _check_series_entry)] = setting()
+    series: list[checked(Union[str, dict[Any, Any]], _check_series_entry,
+                         expect="a patch file name, or a mapping with 'patch'")] = setting()
     runtime: Optional[_Runtime] = setting(None)
     # More directories vendored whole, like the runtime (e.g. integration code shared by several bases).
     vendor: list[_Vendor] = setting(factory=list)
@@ -350,11 +380,16 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
                              f"characters), got {digest!r}")
         files[path] = digest
 
-    if len(set(data["series"])) != len(data["series"]):
-        dup = next(s for s in data["series"] if data["series"].count(s) > 1)
+    entries = [e if isinstance(e, dict) else {"patch": e} for e in data["series"]]
+    names = [e["patch"] for e in entries]
+    if len(set(names)) != len(names):
+        dup = next(s for s in names if names.count(s) > 1)
         raise InputError(f"{src}: field 'series': {dup!r} is listed twice")
+    for idx, e in enumerate(entries):
+        if e.get("superseded_by") and e["superseded_by"] not in names:
+            raise InputError(f"{src}: field 'series[{idx}].superseded_by': {e['superseded_by']!r} is not in the series")
     patches = []
-    for idx, entry in enumerate(data["series"]):
+    for idx, entry in enumerate(names):
         ppath = ps_dir / entry
         if ppath.is_symlink():
             raise InputError(f"{src}: field 'series[{idx}]': {entry} is a symlink: refused (patches must be files in {ps_dir})")
@@ -368,7 +403,8 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
         subject, fps, is_mbox = parse_patch(text, source=str(ppath), package=package)
         for fp in fps:
             check_source_path(fp.path, what=f"{ppath}")
-        patches.append(PatchFile(name=entry, path=ppath, subject=subject, files=fps, is_mbox=is_mbox))
+        patches.append(PatchFile(name=entry, path=ppath, subject=subject, files=fps, is_mbox=is_mbox,
+                                 **{k: entries[idx][k] for k in LIFECYCLE_FIELDS if k in entries[idx]}))
 
     ps = PatchSet(name=data["name"], version=data["version"], description=data["description"], yaml_path=yaml_path,
                   base_package=package, base_version=base["version"], base_files=files,

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from v2_helpers import REPO, model_dirs, run_python
+from v2_helpers import BASES, REPO, TRAITS, model_dirs, run_python, with_trait
 
 HARNESS = REPO / "tests" / "gpu" / "test_hybrid_v2_kernels_gpu.py"
 NEXT_TARGET = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=512, hidden_size=128,
@@ -114,10 +114,10 @@ def gdn(kernels=(Triton, Triton, Triton), flashinfer=False, ddtree=True):
     return g
 
 
-def check(mr):
+def check(mr, **kw):
     rnd = DDTreeRound(NS(speculative_ddtree_budget=16), block_size=16)  # no flag beside the budget
     try:
-        rnd.check_target(mr, is_hybrid=True)
+        rnd.check_target(mr, is_hybrid=True, **kw)
         return {"ok": True, "hybrid": rnd.hybrid}
     except ValueError as e:
         return {"ok": False, "msg": str(e), "hybrid": rnd.hybrid}
@@ -125,7 +125,10 @@ def check(mr):
 
 out = {}
 out["gdn"] = check(runner(gdn()))
-if sys.argv[1] == "0.5.17":
+out["dflash1"] = check(runner(gdn()), worker=NS(selector=None))  # the worker a 0.5.19+ series passes
+out["dflash2"] = check(runner(gdn()), worker=NS(selector=object()))  # a DFlash2 drafter's candidate selector
+out["domino"] = check(runner(gdn()), worker=NS(selector=None, _is_domino=True))  # 0.5.20+: a Domino drafter
+if sys.argv[2] == "hybrid":  # a base whose series has patch 0004
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.lightning_backend import LightningAttentionBackend
     from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
@@ -151,8 +154,22 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def refusals(v2_trees, tmp_path_factory) -> dict:
-    return {v: _result(run_python(v2_trees(v), tmp_path_factory.mktemp(f"refuse-{v}"), REFUSALS, v))
-            for v in ("0.5.17", "0.5.16")}
+    return {v: _result(run_python(v2_trees(v), tmp_path_factory.mktemp(f"refuse-{v}"), REFUSALS, v,
+                                  "hybrid" if TRAITS[v].hybrid else "plain"))
+            for v in (*with_trait("hybrid"), "0.5.16")}
+
+
+def test_dflash2_drafter_is_refused_at_start_up(refusals):
+    """0.5.19+ serve DFlash2 drafters through a candidate selector and 0.5.20+ Domino drafters through a GRU
+    rollout; DDTree reads neither, so both are refused at worker start with the reason, and a DFlash1 drafter
+    starts."""
+    for base in with_trait("hybrid"):
+        assert refusals[base]["dflash1"] == {"ok": True, "hybrid": True}, base
+    for base in refusals:
+        got = refusals[base]["dflash2"]
+        assert not got["ok"] and "a DFlash2 drafter" in got["msg"] and "candidate selector" in got["msg"], got
+        got = refusals[base]["domino"]
+        assert not got["ok"] and "a Domino drafter" in got["msg"] and "prefix-GRU" in got["msg"], got
 
 
 @pytest.mark.parametrize("case, words", [
@@ -170,22 +187,24 @@ def refusals(v2_trees, tmp_path_factory) -> dict:
     ("no_intermediate", ["intermediate states"]),
 ])
 def test_unsupported_hybrids_are_refused_at_start_up(refusals, case, words):
-    got = refusals["0.5.17"][case]
-    assert not got["ok"] and not got["hybrid"], got
-    assert got["msg"].startswith("DDTree (--speculative-ddtree-budget) does not support ")
-    for w in words:
-        assert w in got["msg"], (w, got["msg"])
+    for base in with_trait("hybrid"):
+        got = refusals[base][case]
+        assert not got["ok"] and not got["hybrid"], (base, got)
+        assert got["msg"].startswith("DDTree (--speculative-ddtree-budget) does not support ")
+        for w in words:
+            assert w in got["msg"], (base, w, got["msg"])
 
 
 def test_gdn_hybrid_on_by_default_on_0517_refused_on_0516(refusals):
     """A GatedDeltaNet hybrid with the triton GDN kernels starts on 0.5.17 with the budget alone (no
     --speculative-ddtree-allow-unproven: the ard run and the ties analysis proved it lossless); the worker branches
-    its state (.hybrid). 0.5.16 has no patch 0004 and refuses it with the reason."""
-    assert refusals["0.5.17"]["gdn"] == {"ok": True, "hybrid": True}
+    its state (.hybrid). 0.5.16 has no patch 0004 and refuses it with the reason, naming the bases that have it.
+    The same holds on every base with patch 0004 (spec-v2/bases.py)."""
+    assert "0.5.17" in with_trait("hybrid")
+    for base in with_trait("hybrid"):
+        assert refusals[base]["gdn"] == {"ok": True, "hybrid": True}, base
     old = refusals["0.5.16"]["gdn_unpatched"]
-    assert not old["ok"] and "SGLang 0.5.17 only" in old["msg"], old
-    old = refusals["0.5.16"]["gdn_unpatched"]
-    assert not old["ok"] and "SGLang 0.5.17 only" in old["msg"], old
+    assert not old["ok"] and f"SGLang {' / '.join(with_trait('hybrid'))} only" in old["msg"], old
 
 
 # ------------------------------------------------------------------------------------------ 3. args and memory
@@ -334,8 +353,9 @@ def test_memory_check_when_not_even_the_root_fits(hybrid_args):
 # ------------------------------------------------------------------------------------------ 4. hooks
 
 
-def test_hooks_sit_where_the_base_reads_them(v2_trees):
-    tree = v2_trees("0.5.17") / "sglang" / "srt"
+@pytest.mark.parametrize("base", with_trait("hybrid"))
+def test_hooks_sit_where_the_base_reads_them(v2_trees, base):
+    tree = v2_trees(base) / "sglang" / "srt"
     gdn = (tree / "layers/attention/linear/gdn_backend.py").read_text()
     assert gdn.index("return self.ddtree.forward(") < gdn.index("mamba_cache_params = self.req_to_token_pool")
     assert gdn.count("self.ddtree.fill(forward_batch)") == 2  # eager metadata and graph replay prep
@@ -350,7 +370,7 @@ def test_hooks_sit_where_the_base_reads_them(v2_trees):
     # the base's tracking rule is computed first, then DDTree's commit replaces the chain's scatter
     assert body.index("mamba_steps_to_track = torch.where(") < body.index("accepted_nodes=accepted_nodes") < body.index(
         "update_mamba_state_after_mtp_verify(")
-    for old in ("0.5.14", "0.5.15", "0.5.16"):
+    for old in (v for v in BASES if not TRAITS[v].hybrid):
         assert "ddtree" not in (v2_trees(old) / "sglang/srt/layers/attention/linear/gdn_backend.py").read_text()
 
 

@@ -8,12 +8,19 @@ was proven on the H200.
 """
 from __future__ import annotations
 
-from v2_helpers import script_result
+from v2_helpers import TRAITS, script_result
 
 
 
-def test_flashinfer_verify_metadata_and_mask(v2_scripts: dict):
-    """v2_helpers.FLASHINFER_SCRIPT, run in the patched tree of each base (in the probe's subprocess)."""
+def test_flashinfer_verify_metadata_and_mask(v2_base: str, v2_scripts: dict):
+    """v2_helpers.FLASHINFER_SCRIPT, run in the patched tree of each base (in the probe's subprocess). Where the
+    base builds FlashInfer's verify arguments another way (bases.py ``flashinfer`` false: 0.5.22+, a KV-index
+    translator and plan), the old call is gone, which is why DDTree refuses FlashInfer there
+    (test_v2_server_args)."""
+    if not TRAITS[v2_base].flashinfer:
+        got = v2_scripts["flashinfer"]
+        assert isinstance(got, str) and "generate_attn_arg_prefill() takes 1 positional argument" in got, got
+        return
     got = script_result(v2_scripts, "flashinfer")
     n1, prefix = 10, [7, 0, 12]
     assert got["qo_indptr"] == [0, n1, 2 * n1, 3 * n1], "one query per tree node, N1 per request"

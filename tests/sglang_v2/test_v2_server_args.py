@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from v2_helpers import TRAITS, model_dirs, run_python
+from v2_helpers import TRAITS, model_dirs, run_python, with_trait
 
 TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=512, hidden_size=64,
               intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -16,7 +16,23 @@ TARGET = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size
 SCRIPT = '''
 import json, sys
 from sglang.srt import server_args as S
-from sglang.srt.server_args import prepare_server_args
+from sglang.srt.server_args import prepare_server_args as _prepare
+
+
+def prepare_server_args(argv):
+    """The arguments resolved as the launcher resolves them (0.5.19+: a step of its own, resolve_once)."""
+    sa = _prepare(argv)
+    if hasattr(sa, "resolve_once"):
+        sa.resolve_once()
+    return sa
+
+
+def view(sa):
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+    except ImportError:  # bases without the declaration overlay
+        return sa
+    return resolved_view(sa)
 from sglang.srt.speculative.ddtree_v2.config import draft_server_args
 tgt, drf = sys.argv[1], sys.argv[2]
 
@@ -76,16 +92,17 @@ for name, extra in CASES.items():
         # 0.5.16 renamed the width hook (the old name stays as a deprecated alias); 0.5.14/15 have the old one only
         width = (getattr(algo, "get_num_tokens_per_req_for_target_verify", None)
                  or algo.get_num_tokens_per_bs_for_target_verify)
-        n = sa.speculative_num_draft_tokens
+        v = view(sa)  # the resolved values, where readers read them (0.5.19+: the declarations, not the fields)
+        n = v.speculative_num_draft_tokens
         draft = draft_server_args(sa)  # what the 0.5.14-0.5.16 workers build their draft worker from
-        out[name] = {"ok": True, "num_draft_tokens": n, "block_size": sa.speculative_dflash_block_size,
-                     "budget": sa.speculative_ddtree_budget, "topk": sa.speculative_eagle_topk,
-                     "schedule": getattr(sa, "speculative_ddtree_schedule", None),
+        out[name] = {"ok": True, "num_draft_tokens": n, "block_size": v.speculative_dflash_block_size,
+                     "budget": v.speculative_ddtree_budget, "topk": v.speculative_eagle_topk,
+                     "schedule": getattr(v, "speculative_ddtree_schedule", None),
                      "target_width": width(n, False), "draft_width": width(n, True),
-                     "copy_is_target": draft is sa, "copy_num_draft_tokens": draft.speculative_num_draft_tokens,
-                     "copy_draft_width": width(draft.speculative_num_draft_tokens, True),
-                     "target_after_copy": sa.speculative_num_draft_tokens,
-                     "adapt": getattr(sa, "speculative_ddtree_adapt", None)}
+                     "copy_is_target": draft is sa, "copy_num_draft_tokens": view(draft).speculative_num_draft_tokens,
+                     "copy_draft_width": width(view(draft).speculative_num_draft_tokens, True),
+                     "target_after_copy": view(sa).speculative_num_draft_tokens,
+                     "adapt": getattr(v, "speculative_ddtree_adapt", None)}
     except BaseException as e:  # an unknown flag (--speculative-ddtree-adapt before 0.5.17) exits argparse
         out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 # EAGLE with a budget: refused before any EAGLE handling
@@ -99,11 +116,18 @@ except Exception as e:
 import dataclasses
 from sglang.version import __version__ as version
 try:
-    sa = prepare_server_args(common + ["--speculative-ddtree-budget", "1:15,4:0" if version == "0.5.17" else "15"])
-    again = S.ServerArgs(**{f.name: getattr(sa, f.name) for f in dataclasses.fields(sa) if f.init})
-    out["reresolved"] = {"ok": True, "budget": again.speculative_ddtree_budget,
-                         "num_draft_tokens": again.speculative_num_draft_tokens,
-                         "schedule": getattr(again, "speculative_ddtree_schedule", None)}
+    sa = prepare_server_args(common + ["--speculative-ddtree-budget", "1:15,4:0" if version in sys.argv[3].split(",") else "15"])
+    try:  # 0.5.20+: ServerArgs is a record composed of per-namespace structs, not a dataclass
+        from sglang.srt.arg_groups.arg_utils import record_fields
+    except ImportError:
+        record_fields = dataclasses.fields
+    again = S.ServerArgs(**{f.name: getattr(sa, f.name) for f in record_fields(type(sa)) if getattr(f, "init", True)})
+    if hasattr(again, "resolve_once"):
+        again.resolve_once()
+    va = view(again)
+    out["reresolved"] = {"ok": True, "budget": va.speculative_ddtree_budget,
+                         "num_draft_tokens": va.speculative_num_draft_tokens,
+                         "schedule": getattr(va, "speculative_ddtree_schedule", None)}
 except Exception as e:
     out["reresolved"] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
 from types import SimpleNamespace
@@ -119,12 +143,12 @@ print("RESULT" + json.dumps(out))
 
 def run_with_models(tree: Path, work: Path, script: str) -> dict:
     """``script`` in the patched ``tree`` (fake sm90 CUDA) with a tiny target and block-4 drafter config as its
-    two arguments; its RESULT line, parsed."""
+    two arguments (the third: the bases whose series take a budget schedule); its RESULT line, parsed."""
     tgt, drf = model_dirs(work, TARGET, dict(
         TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=1, layer_types=["full_attention"],
         num_target_layers=4, block_size=4, dflash_config={"block_size": 4, "target_layer_ids": [0, 2],
                                                           "mask_token": "<|mask|>", "mask_token_id": 3}))
-    r = run_python(tree, work, script, str(tgt), str(drf), fake_cuda=True)
+    r = run_python(tree, work, script, str(tgt), str(drf), ",".join(with_trait("schedule")), fake_cuda=True)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     return json.loads(line[len("RESULT"):])
@@ -169,9 +193,11 @@ def test_ddtree_widths(v2_base, resolved, case, budget, block):
     ("block64", ["block size of 64"]),
     ("eagle", ["requires --speculative-algorithm DFLASH"]),
 ])
-def test_refusals_name_the_flag(resolved, case, words):
+def test_refusals_name_the_flag(v2_base, resolved, case, words):
     c = resolved[case]
     assert not c["ok"] and c["type"] == "ValueError", c
+    if case == "flashinfer" and not TRAITS[v2_base].flashinfer:  # refused outright there, not as unproven
+        words = ["does not support", "--attention-backend flashinfer on SGLang", "KV-index translator"]
     for w in words:
         assert w in c["msg"], (w, c["msg"])
 
@@ -187,8 +213,11 @@ def test_grammar_backend_by_base(v2_base, resolved):
         assert c["ok"] and c["num_draft_tokens"] == 16, c
 
 
-def test_unproven_backend_runs_when_allowed(resolved):
+def test_unproven_backend_runs_when_allowed(v2_base, resolved):
     c = resolved["flashinfer_allowed"]
+    if not TRAITS[v2_base].flashinfer:  # the flag does not open what is not wired on this base
+        assert not c["ok"] and "KV-index translator" in c["msg"], c
+        return
     assert c["ok"] and c["num_draft_tokens"] == 16, c
 
 
@@ -196,7 +225,8 @@ def test_kv_reservation_covers_draft_and_verify(v2_tree: Path, resolved):
     # committed + one stale round (a block) + the wider of draft block and verify width
     assert resolved["reserve"] == [181, 132, 23, None, 16]
     prep = (v2_tree / "sglang/srt/speculative/dflash_info_v2.py").read_text()
-    assert "committed_len + reserve_ahead" in prep
+    # 0.5.19+ reserve through the base's page-aligned allocation helper, which takes the reservation itself
+    assert "committed_len + reserve_ahead" in prep or ("reserve = kv_reservation(" in prep and "reserve=reserve" in prep)
 
 
 SCHEDULES = {  # case: (canonical schedule, largest budget, widest verify with the draft config's block of 4)
@@ -212,7 +242,7 @@ def test_schedule_resolution(v2_base, resolved, case):
     buffers) and the target's width to the widest verify; the drafter keeps its block. Older bases refuse a
     schedule naming themselves."""
     c = resolved[case]
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert not c["ok"] and c["type"] == "ValueError", c
         assert f"this is SGLang {v2_base}: give one budget N" in c["msg"] and "--speculative-ddtree-budget" in c["msg"]
         return
@@ -225,7 +255,7 @@ def test_schedule_resolution(v2_base, resolved, case):
 @pytest.mark.parametrize("case,block", [("auto", 4), ("auto_block8", 8)])
 def test_auto_is_the_cost_model_schedule(v2_base, resolved, case, block):
     c = resolved[case]
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert not c["ok"] and f"this is SGLang {v2_base}" in c["msg"] and "auto" in c["msg"], c
         return
     assert c["ok"], c
@@ -242,7 +272,7 @@ def test_auto_is_the_cost_model_schedule(v2_base, resolved, case, block):
 def test_bad_schedules_name_the_flag(v2_base, resolved, case, words):
     c = resolved[case]
     assert not c["ok"] and c["type"] == "ValueError", c
-    if v2_base != "0.5.17":  # refused before parsing: the base cannot run any schedule
+    if not TRAITS[v2_base].schedule:  # refused before parsing: the base cannot run any schedule
         assert f"this is SGLang {v2_base}" in c["msg"], c["msg"]
         return
     for w in words:
@@ -252,7 +282,7 @@ def test_bad_schedules_name_the_flag(v2_base, resolved, case, words):
 def test_adaptation_flag(v2_base, resolved):
     """0.5.17: --speculative-ddtree-adapt sizes the target for the chain's block too (a tree size may drop to the
     chain); it needs a budget. Older bases have no such flag."""
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert not resolved["sched_adapt"]["ok"] and resolved["sched_adapt"]["type"] == "SystemExit"
         return
     a, b = resolved["sched_adapt"], resolved["b2_adapt"]
@@ -268,14 +298,17 @@ def test_adaptation_flag(v2_base, resolved):
     ("unproven_idle", ["--speculative-ddtree-allow-unproven does nothing here", "gates only",
                        "--attention-backend flashinfer"]),
 ])
-def test_flags_that_do_nothing_are_refused(resolved, case, words):
+def test_flags_that_do_nothing_are_refused(v2_base, resolved, case, words):
     """--speculative-ddtree-allow-unproven alone, or where nothing it gates is in use (triton, TP 1, no grammar,
     no draft window), is refused at argument resolution with the reason; it stays the gate of what it gates."""
     c = resolved[case]
     assert not c["ok"] and c["type"] == "ValueError", c
     for w in words:
         assert w in c["msg"], (w, c["msg"])
-    assert resolved["flashinfer_allowed"]["ok"], "the flag still lets a wired-but-unproven backend run"
+    if TRAITS[v2_base].flashinfer:
+        assert resolved["flashinfer_allowed"]["ok"], "the flag still lets a wired-but-unproven backend run"
+    else:  # FlashInfer is not wired on this base; the flag still gates the rest (grammar, TP, draft window)
+        assert resolved["grammar_allowed"]["ok"] == TRAITS[v2_base].grammar
 
 
 def test_allow_unproven_with_a_grammar_backend_by_base(v2_base, resolved):
@@ -293,7 +326,7 @@ def test_schedule_flag_that_does_nothing(v2_base, resolved):
     budget and beside a command-line budget (resolution would replace it), naming the budget flag to use; older
     bases do not have it (argparse refuses it). Resolved arguments resolved again keep their schedule."""
     alone, beside, again = resolved["schedule_alone"], resolved["schedule_beside_budget"], resolved["reresolved"]
-    if v2_base != "0.5.17":
+    if not TRAITS[v2_base].schedule:
         assert alone["type"] == beside["type"] == "SystemExit", (alone, beside)
         assert again["ok"] and again["budget"] == 15 and again["num_draft_tokens"] == 16, again
         return

@@ -1,4 +1,4 @@
-"""Bases, patched trees and CPU stand-ins for the spec-v2 (SGLang 0.5.14-0.5.17) patch-set tests.
+"""Bases, patched trees and CPU stand-ins for the spec-v2 (SGLang 0.5.14 and later) patch-set tests.
 
 Patched trees are built with the product's own patch-set code (the overlay a release would carry, plus every
 unchanged base file), from the real wheels (`pip download --no-deps sglang==X`, cached). SGLang's modules are
@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,33 +23,24 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "sglang_v1"))
 from sglang_series_helpers import write_torchvision_stub  # noqa: E402
 
-#: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/).
-BASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17")
+def _bases_table():
+    """patches/ddtree/spec-v2/bases.py, the one table of the spec-v2 bases (pure data: loaded by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddtree_v2_bases", REPO / "patches/ddtree/spec-v2/bases.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
-@dataclass(frozen=True)
-class BaseTraits:
-    """Where the bases' series differ (each README says why).
-
-    ``draft_width``: how the draft runner gets the drafter's block size while the target verifies budget + 1:
-    "hook" = the target-verify width hook in spec_info.py (0.5.17), "copy" = the draft worker's own copy of the
-    server arguments (config.draft_server_args / set_draft_width; 0.5.14-0.5.16, whose draft attention backend reads
-    the width from that copy). ``tree_in_graph``: the tree build is folded into the draft CUDA graph (a capture hook
-    exists). ``grammar``: the base's DFLASH worker does constrained decoding (so DDTree refuses a grammar backend as
-    unproven); older bases abort grammar requests in the scheduler.
-    """
-
-    draft_width: str
-    tree_in_graph: bool
-    grammar: bool
-
-
-TRAITS = {
-    "0.5.14": BaseTraits(draft_width="copy", tree_in_graph=False, grammar=False),
-    "0.5.15": BaseTraits(draft_width="copy", tree_in_graph=True, grammar=False),
-    "0.5.16": BaseTraits(draft_width="copy", tree_in_graph=True, grammar=False),
-    "0.5.17": BaseTraits(draft_width="hook", tree_in_graph=True, grammar=True),
-}
+BASES_TABLE = _bases_table()
+#: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/, one row in bases.py).
+BASES = tuple(BASES_TABLE.BASES)
+#: Where the bases' series differ (bases.py's ``Base`` says what each field means).
+TRAITS = BASES_TABLE.BASES
+BaseTraits = BASES_TABLE.Base
+with_trait = BASES_TABLE.with_trait
 DEPS = Path(os.environ.get("DDTREE_SGLANG_V2_DEPS", REPO / ".cache" / "sglang-v2-deps"))
 #: Bases that pin other versions of some of those packages: requirements-cpu-<base>.txt, installed (by make install)
 #: into DEPS-<base>, which goes on PYTHONPATH in front of DEPS for that base only (0.5.14 pins transformers 5.8.1).
@@ -321,7 +311,7 @@ def run_scripts(tree: Path, work: Path, scripts=CPU_SCRIPTS) -> dict:
     subprocess's output when it died), so one script's failure fails only the tests that read it."""
     plan = []
     for name, code, argv in scripts:
-        path = work / f"{name}.py"
+        path = work / f"script_{name}.py"  # not flashinfer.py: it would shadow the package (0.5.22 imports it)
         path.write_text(code)
         plan.append((name, str(path), list(argv)))
     r = run_python(tree, work, _BATCH, json.dumps(plan))

@@ -3,6 +3,7 @@
 Vendored into an overlay as ``sglang/srt/speculative/ddtree_v2/``; the base's own files only gain small hooks
 (the patch series) that call into these modules:
 
+- :mod:`.bases`       one row per base: what its series does (the code and the tests read it).
 - :mod:`.config`      the ``--speculative-ddtree-*`` flags: validation at server-argument resolution, the widths
                       (verify width = budget + 1, draft width = the drafter's block size), what is proven and what
                       is refused by default.
@@ -16,7 +17,7 @@ Vendored into an overlay as ``sglang/srt/speculative/ddtree_v2/``; the base's ow
 - :mod:`.graph_widths` a verify width (and graph kind) per captured batch size for the target's graph runner.
 - :mod:`.draft_schedule` the draft graph's tail per captured size: a tree builder, or the base's greedy head.
 - :mod:`.adapt`       online adaptation of a schedule from acceptance counted on the GPU, read without a host sync.
-- :mod:`.hybrid`      hybrid GatedDeltaNet targets (0.5.17, patch 0004): each GDN layer's TARGET_VERIFY through
+- :mod:`.hybrid`      hybrid GatedDeltaNet targets (the bases with patch 0004, :mod:`.bases`): each GDN layer's TARGET_VERIFY through
                       the runtime's tree kernels, the accepted node's recurrent states committed, start-up checks.
 
 The tree algorithms themselves (top-k, best-first build, ancestor masks, walk, slot order) are the DDTree runtime

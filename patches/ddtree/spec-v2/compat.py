@@ -1,5 +1,5 @@
-"""Names that moved between the spec-v2 bases (0.5.14 - 0.5.17), resolved once, newest location first, and the
-one worker call whose keywords changed.
+"""Names that moved between the spec-v2 bases (0.5.14 and later), resolved once, newest location first, the one
+worker call whose keywords changed, and how a resolved ServerArgs copy of our own is written.
 
 Each entry is looked up lazily so that importing this package never pulls in GPU-only modules; a name found in
 none of the places is a clear ImportError naming every place tried.
@@ -21,6 +21,8 @@ _PLACES: dict[str, tuple[str, ...]] = {
     "apply_dflash_verify_logits_adjustments": ("sglang.srt.speculative.dflash_utils",),
     "ForwardMode": ("sglang.srt.model_executor.forward_batch_info",),
     "CaptureHiddenMode": ("sglang.srt.model_executor.forward_batch_info",),
+    # 0.5.19+: resolvers record their writes in the declaration stash (the fields are projected from it)
+    "declare_resolution": ("sglang.srt.arg_groups.overrides",),
 }
 _CACHE: dict[str, Any] = {}
 
@@ -41,6 +43,36 @@ def base_name(name: str) -> Any:
             return _CACHE[name]
         tried.append(module)
     raise ImportError(f"DDTree: {name} is in none of {', '.join(tried)}: this SGLang is not a supported base")
+
+
+def write_resolved(args: Any, source: str, **fields: Any) -> None:
+    """Set ``fields`` on resolved server arguments that this package owns (the draft worker's private copy, on the
+    bases that build one: 0.5.14-0.5.16). 0.5.16: ``ServerArgs.override(source, ...)``, the audited mutation
+    point; 0.5.14 / 0.5.15: plain assignment."""
+    override = getattr(args, "override", None)
+    if override is not None:
+        override(source, **fields)
+        return
+    for key, value in fields.items():
+        setattr(args, key, value)
+
+
+def resolution_write(args: Any, source: str, **fields: Any) -> None:
+    """A write made while the server arguments resolve (DDTree's ``pre_resolve`` / ``post_resolve``).
+
+    0.5.19 and later resolve through a declaration stash (``arg_groups.overrides.declare_resolution``): the fields
+    are projected from it when resolution ends, so a plain assignment would be replaced by the base's own
+    declarations (and 0.5.20 refuses it); the write is declared after them, and readers read the resolved view
+    (``config.resolved``). Older bases: plain assignment."""
+    try:
+        declare = base_name("declare_resolution")
+    except ImportError:
+        declare = None
+    if declare is not None:  # the record keeps the user's input (0.5.20 refuses a write to it during resolution)
+        declare(args, source, **fields)
+        return
+    for key, value in fields.items():
+        setattr(args, key, value)
 
 
 _PARAMS: dict[Callable, frozenset] = {}

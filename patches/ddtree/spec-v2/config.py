@@ -31,6 +31,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from .bases import BASES, with_trait
+from .compat import resolution_write
+
 logger = logging.getLogger(__name__)
 
 #: The verify width (budget + 1) bounds the tree mask and the CUDA-graph buffers.
@@ -57,12 +60,20 @@ SCHEDULE_FLAG = "--speculative-ddtree-schedule"
 
 
 def _view(server_args: Any) -> Any:
-    """The resolving configuration (overlaid declarations) where the base has one, else the args themselves."""
+    """The resolving configuration (overlaid declarations) where the base has one, else the args themselves (and
+    for a config bag, which holds resolved values already). From 0.5.19 the record keeps the user's input and the
+    resolved values live in the declarations: every read of a resolved field goes through this."""
     try:
         from sglang.srt.arg_groups.overrides import resolved_view
     except ImportError:  # bases without the declaration overlay
         return server_args
-    return resolved_view(server_args)
+    try:
+        return resolved_view(server_args)
+    except Exception:  # not a ServerArgs record (a config bag, a test's namespace)
+        return server_args
+
+
+resolved = _view
 
 
 #: The budget flag's name, which every message about it starts with.
@@ -71,8 +82,8 @@ BUDGET_FLAG = "--speculative-ddtree-budget"
 #: acceptance profile, runtime ``schedule.default_schedule``).
 AUTO = "auto"
 #: Bases whose series give each captured batch size its own verify width (target graphs and the draft graph's
-#: tree build); the others take a single budget only.
-SCHEDULE_BASES = ("0.5.17",)
+#: tree build); the others take a single budget only (the bases table, ``bases.py``).
+SCHEDULE_BASES = with_trait("schedule")
 
 
 def _schedule_mod() -> Any:
@@ -132,11 +143,12 @@ def max_verify_width(schedule: Any, block_size: int, *, with_chain: bool = False
 
 
 def adapt_on(args: Any) -> bool:
-    return bool(getattr(args, "speculative_ddtree_adapt", False))
+    return bool(getattr(_view(args), "speculative_ddtree_adapt", False))
 
 
 def schedule_of(args: Any) -> Any:
     """The resolved schedule of server arguments (or a config bag), None with DDTree off."""
+    args = _view(args)
     budget = getattr(args, "speculative_ddtree_budget", None)
     if budget is None:
         return None
@@ -191,7 +203,7 @@ def pre_resolve(server_args: Any) -> Any:
         raise ValueError(f"{BUDGET_FLAG}={value} does not match the recorded schedule {recorded} (largest budget "
                          f"{parsed.max_budget}).")
     if parsed is not AUTO:
-        server_args.speculative_ddtree_budget = parsed.max_budget
+        resolution_write(server_args, "ddtree.pre_resolve", speculative_ddtree_budget=parsed.max_budget)
     if server_args.speculative_num_draft_tokens is not None:
         block = server_args.speculative_dflash_block_size
         already = (block is not None and parsed is not AUTO
@@ -204,7 +216,7 @@ def pre_resolve(server_args: Any) -> Any:
                 "--speculative-dflash-block-size (or let the draft config decide). Got "
                 f"speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
                 f"speculative_ddtree_budget={value}.")
-        server_args.speculative_num_draft_tokens = int(block)
+        resolution_write(server_args, "ddtree.pre_resolve", speculative_num_draft_tokens=int(block))
     return parsed
 
 
@@ -245,7 +257,12 @@ def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = Tru
         if value is None or value in PROVEN_BACKENDS:
             continue
         flag = "--" + key.replace("_", "-")
-        if value in WIRED_UNPROVEN_BACKENDS:
+        row = BASES.get(base_version())
+        if value == "flashinfer" and row is not None and not row.flashinfer:
+            never.append(f"{flag} {value} on SGLang {base_version()}: its FlashInfer verify arguments come through "
+                         "a KV-index translator and plan that DDTree's verify input is not checked against; use "
+                         "--attention-backend triton")
+        elif value in WIRED_UNPROVEN_BACKENDS:
             unproven.append(f"{flag} {value}: {WIRED_UNPROVEN_BACKENDS[value]}")
         elif value in UNWIRED_BACKENDS:
             never.append(f"{flag} {value}: {UNWIRED_BACKENDS[value]}; use --attention-backend triton")
@@ -279,7 +296,7 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     ``speculative_num_draft_tokens`` becomes the widest verify of the schedule (budget + 1 of its largest budget,
     or the block where that is wider and some batch sizes run the chain); ``speculative_ddtree_budget`` the largest
     budget (an int, what sizes the tree buffers), ``speculative_ddtree_schedule`` the schedule's canonical text."""
-    block_size = int(server_args.speculative_num_draft_tokens)
+    block_size = int(_view(server_args).speculative_num_draft_tokens)
     never, unproven = refusals(server_args, block_size, grammar_in_worker=grammar_in_worker)
     allow = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
     if never:
@@ -299,22 +316,23 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
     width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
     if width > MAX_VERIFY_WIDTH:
         raise ValueError(f"{BUDGET_FLAG}={schedule}: the verify width (budget + 1) must be <= {MAX_VERIFY_WIDTH}.")
-    server_args.speculative_dflash_block_size = block_size
-    server_args.speculative_num_draft_tokens = width
-    server_args.speculative_ddtree_budget = schedule.max_budget
+    fields = dict(speculative_dflash_block_size=block_size, speculative_num_draft_tokens=width,
+                  speculative_ddtree_budget=schedule.max_budget)
     if hasattr(server_args, "speculative_ddtree_schedule") or not schedule.is_single:
-        server_args.speculative_ddtree_schedule = str(schedule)
+        fields["speculative_ddtree_schedule"] = str(schedule)
+    resolution_write(server_args, "ddtree.post_resolve", **fields)
     logger.info("DDTree enabled: budget schedule %s%s%s, widest verify %d, draft block size %d.", schedule,
                 " (auto)" if parsed is AUTO else "", ", adapted online" if adapt_on(server_args) else "", width,
                 block_size)
 
 
 def enabled(server_args: Any) -> bool:
-    return getattr(server_args, "speculative_ddtree_budget", None) is not None
+    return getattr(_view(server_args), "speculative_ddtree_budget", None) is not None
 
 
 def draft_width(spec: Any) -> Optional[int]:
     """The draft runner's per-request width under DDTree (the block size), or None when DDTree is off."""
+    spec = _view(spec)
     if getattr(spec, "speculative_ddtree_budget", None) is None:
         return None
     block = getattr(spec, "speculative_dflash_block_size", None)
@@ -329,17 +347,19 @@ def set_draft_width(draft_args: Any) -> None:
     width = draft_width(draft_args)
     if width is None:
         return
-    override = getattr(draft_args, "override", None)
-    if override is not None:  # resolved ServerArgs on 0.5.16+: the audited mutation point
-        override("ddtree.draft_width", speculative_num_draft_tokens=width)
-    else:
-        draft_args.speculative_num_draft_tokens = width
+    from .compat import write_resolved
+
+    write_resolved(draft_args, "ddtree.draft_width", speculative_num_draft_tokens=width)
 
 
 def draft_server_args(server_args: Any) -> Any:
-    """The arguments to build the draft worker from: ``server_args`` itself with DDTree off, else a copy with the
-    draft width (:func:`set_draft_width`); the target's arguments are never changed."""
+    """The arguments to build the draft worker from: ``server_args`` itself with DDTree off or where the base's
+    width hook gives the draft runner its block size (bases.py ``draft_width`` "hook"), else a copy with the draft
+    width (:func:`set_draft_width`; 0.5.14-0.5.16); the target's arguments are never changed."""
     if draft_width(server_args) is None:
+        return server_args
+    row = BASES.get(base_version())
+    if row is not None and row.draft_width == "hook":  # the width hook gives the draft runner its block: no copy
         return server_args
     from copy import deepcopy
 

@@ -37,6 +37,9 @@ from typing import Any, Optional
 
 import torch
 
+from .bases import with_trait
+from .config import resolved
+
 logger = logging.getLogger(__name__)
 
 #: The largest budget the runtime's tree kernels take (verify width 1025); memory is the practical bound.
@@ -207,7 +210,7 @@ def target_problems(model_runner: Any) -> list[str]:
         return [f"{family} layers ({name}): DDTree branches the recurrent state of GatedDeltaNet layers only"]
     if not hasattr(linear, "ddtree"):
         return [f"hybrid GatedDeltaNet targets on this SGLang ({name}): DDTree branches their recurrent state on "
-                "SGLang 0.5.17 only (its patch 0004)"]
+                f"SGLang {' / '.join(with_trait('hybrid'))} only (their patch 0004)"]
     problems = []
     if linear.ddtree is None:
         problems.append("a GDN backend built without DDTree's tree verify (the patch set is incomplete)")
@@ -232,7 +235,7 @@ def target_problems(model_runner: Any) -> list[str]:
             problems.append(f"{len(cache.conv)} conv state types per layer (GatedDeltaNet has one)")
         else:
             win = cache.intermediate_conv_window[0]
-            if win.stride(-1) == win.stride(2) or win.shape[2] != int(model_runner.server_args.speculative_num_draft_tokens):
+            if win.stride(-1) == win.stride(2) or win.shape[2] != int(resolved(model_runner.server_args).speculative_num_draft_tokens):
                 problems.append("the shared sliding-window conv scratch (a chain's layout; patch 0004 keeps one "
                                 "window per node when DDTree is on)")
             temporal = cache.temporal

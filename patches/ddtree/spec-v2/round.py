@@ -29,7 +29,7 @@ import torch
 
 from .compat import base_name, next_draft_input_decode
 from .adapt import Adaptation
-from .config import (PROVEN_BACKENDS, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, adapt_on, enabled,
+from .config import (PROVEN_BACKENDS, resolved, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, adapt_on, enabled,
                      max_verify_width, schedule_of)
 from .draft_schedule import ScheduledDraftHead, chain_head
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
@@ -96,19 +96,30 @@ class DDTreeRound:
             return None
         schedule = schedule_of(server_args)
         width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
-        if int(server_args.speculative_num_draft_tokens) != width:
+        n = resolved(server_args).speculative_num_draft_tokens
+        if int(n) != width:
             raise RuntimeError("DDTree verify width must be the schedule's widest (budget + 1, or the block at "
-                               f"budget 0): speculative_num_draft_tokens={server_args.speculative_num_draft_tokens}, "
+                               f"budget 0): speculative_num_draft_tokens={n}, "
                                f"schedule {schedule}, block {block_size} -> {width} (were the server arguments "
                                "resolved?)")
         return cls(server_args, block_size=block_size)
 
     # -- start-up ------------------------------------------------------------------------------------------------
-    def check_target(self, model_runner: Any, *, is_hybrid: bool) -> None:
+    def check_target(self, model_runner: Any, *, is_hybrid: bool, worker: Any = None) -> None:
         """Refuse, at worker start, what the server arguments could not see: the backend class actually built, a
-        hybrid linear-attention target, sliding-window attention in the target."""
+        hybrid linear-attention target, sliding-window attention in the target, a DFlash2 drafter (``worker``: the
+        DFLASH worker, on the bases whose series pass it)."""
         problems = []
         unproven = []
+        if getattr(worker, "selector", None) is not None:  # 0.5.19+: DFlash2's candidate selector
+            problems.append("a DFlash2 drafter (its candidate selector drafts a top-k lattice per position; DDTree "
+                            "builds its tree from the target LM head's top-k over DFlash1 drafter states and does "
+                            "not read the selector's candidates: use a DFlash1 drafter, or run DFLASH without "
+                            "--speculative-ddtree-budget)")
+        if getattr(worker, "_is_domino", False):  # 0.5.20+: a Domino drafter's GRU rollout
+            problems.append("a Domino drafter (its draft tokens come from a prefix-GRU rollout over the target's "
+                            "embeddings, not from per-position logits DDTree can take a top-k of: run DFLASH without "
+                            "--speculative-ddtree-budget)")
         backend = full_attention_backend(model_runner.attn_backend)
         cls_name = type(backend).__name__
         name = BACKEND_CLASSES.get(cls_name)
