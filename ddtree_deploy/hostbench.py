@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import DeployError, InputError, OperationFailed, is_cut
+from .hostops import flag_drift
 from .inventory import Host
 from .ddtree_stats import _first_state, ddtree_summary
 from .server import ServerControl, base_url, require_server
@@ -207,6 +208,9 @@ class Session:
         self.active = run.state["active"]
         self.url = base_url(self.host)
         self.before = self.server_info()
+        # what the running server was started with against the host file now (a tune that wrote a schedule without
+        # --apply leaves them apart): the restore starts the file's flags, so a difference there is expected
+        self.drift = flag_drift(run.conn, self.host, self.active) if self.host.server.get("kind", "none") != "none" else None
         self.serving: str | None = None
         self.restarts = 0
         self.restored: dict[str, Any] | None = None
@@ -268,7 +272,12 @@ class Session:
         same = all(was.get(k) == now.get(k) for k in keys)
         self.restored = {"release": self.active, "same_config": same, "before": {k: was.get(k) for k in keys},
                          "after": {k: now.get(k) for k in keys}, "restarts": self.restarts + 1}
-        if not same:
+        if not same and self.drift:  # the host file changed since the server's last start: it runs the file's now
+            self.restored["flag_drift"] = self.drift
+            self.progress(f"{self.host.name}: the server now runs the host file's flags ({self.restored['after']}); "
+                          f"before the measurement it ran {self.restored['before']}, started before the host file "
+                          f"changed ({'; '.join(self.drift)})")
+        elif not same:
             raise OperationFailed(f"host {self.host.name}: after the measurement the server reports "
                                   f"{self.restored['after']}, before it reported {self.restored['before']}")
         return self.restored

@@ -224,6 +224,8 @@ def _abandon(root, rid, why, guard):
     except Exception as exc:  # never leave the lock behind because of a bug here; say what happened
         outcome = {"action": "failed", "detail": "%s: %s" % (type(exc).__name__, exc)}
         _journal_quietly(root, "reconciled", run=rid, by="guardian", outcome="failed", detail=outcome["detail"][:500])
+    # the tool that asked is alive and reports this settlement itself (exit 130): the next command need not repeat it
+    _journal_quietly(root, "told", run=rid, about=rid)
     _unlock(root, rid)
     return dict(outcome, abandoned=why)
 
