@@ -30,7 +30,13 @@ def sglang_dir() -> Path | None:
 
 
 def sglang_version(d: Path) -> str | None:
-    """``sglang/version.py``'s ``__version__``, read as text."""
+    """The installed distribution's version (its dist-info, as ``import sglang`` reports it: the bundle's wheel in
+    /tmp/site under the overlay), else ``sglang/version.py``'s ``__version__`` read as text. The wheels' own
+    ``version.py`` holds a placeholder (``0.0.0.dev0``, seen on the H200 with 0.5.17), so it is only the fallback."""
+    from importlib.metadata import distributions
+
+    for dist in distributions(name="sglang"):  # the first on sys.path, as import finds the package
+        return dist.version
     try:
         m = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", (d / "version.py").read_text())
     except OSError:

@@ -20,12 +20,18 @@ BASE_FILE = "tests/gpu/test_hybrid_base_kernels_gpu.py"
 V2_FILE = "tests/gpu/test_hybrid_v2_kernels_gpu.py"
 
 
-def fake_bundle(root: Path, version: str, *, overlay: bool) -> Path:
-    """A regular ``sglang`` package of ``version`` (with the DDTree overlay's marker file of that base if asked)."""
+def fake_bundle(root: Path, version: str, *, overlay: bool, dist_info: bool = False) -> Path:
+    """A regular ``sglang`` package of ``version`` (with the DDTree overlay's marker file of that base if asked); with
+    ``dist_info``, laid out as the real wheels are: ``version.py`` holds a placeholder and the version is the
+    dist-info's."""
     d = root / "sglang"
     d.mkdir(parents=True)
     (d / "__init__.py").write_text("")
-    (d / "version.py").write_text(f'__version__ = "{version}"\n')
+    (d / "version.py").write_text(f'__version__ = "{"0.0.0.dev0" if dist_info else version}"\n')
+    if dist_info:
+        meta = root / f"sglang-{version}.dist-info"
+        meta.mkdir()
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
     if overlay:
         (d / MARKERS[version]).parent.mkdir(parents=True, exist_ok=True)
         (d / MARKERS[version]).write_text("")
@@ -86,3 +92,14 @@ def test_the_right_bundle_is_found(tmp_path: Path):
         assert "needs the offline bundle of SGLang 0.5.11" in skip_reason("0.5.11")
     finally:
         sys.path.remove(str(bundle))
+
+
+def test_the_version_comes_from_the_dist_info_as_on_the_h200(tmp_path: Path):
+    """The 0.5.17 wheel's version.py says 0.0.0.dev0; the bundle's SGLang is 0.5.17 by its dist-info (on the H200
+    the kernel check skipped, taking the placeholder for the version)."""
+    bundle = fake_bundle(tmp_path / "w17", "0.5.17", overlay=True, dist_info=True)
+    code = ("import sys; sys.path[:0] = sys.argv[1:]; from sglang_on_path import skip_reason, sglang_dir, sglang_version; "
+            "print(sglang_version(sglang_dir()), skip_reason('0.5.17'))")
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests" / "gpu"), str(bundle)],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert r.stdout.split() == ["0.5.17", "None"], r.stdout + r.stderr
