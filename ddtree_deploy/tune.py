@@ -27,7 +27,7 @@ from typing import Any
 
 from . import paths
 from .errors import InputError, OperationFailed
-from .hostbench import DEFAULT_REPS, Measurement, chain, ddtree, measuring, plain
+from .hostbench import DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, plain
 from .hostfile import plan_budget_edit, write_host_file
 from .inventory import Host
 from .probe import RUNTIME_SUBDIR, ddtree_summary, expected_sglang_dir
@@ -60,10 +60,7 @@ def parse_budgets(text: str | None) -> list[int]:
     if text is None:
         return list(DEFAULT_BUDGETS)
     sched = schedule_module()
-    try:
-        budgets = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise InputError(f"--budgets {text!r}: expected comma-separated integers such as 16,32,64") from None
+    budgets = comma_ints(text, "--budgets", "16,32,64")
     bad = [b for b in budgets if not 1 <= b <= sched.MAX_BUDGET]
     if not budgets or bad:
         raise InputError(f"--budgets {text!r}: budgets must lie in [1, {sched.MAX_BUDGET}]")
