@@ -11,6 +11,8 @@ release with the new budget and says which flag changed.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ from ddtree_deploy.inventory import load_host_file
 from ddtree_deploy.release import ReleaseManager
 from ddtree_deploy.server import ServerControl, base_url
 from ddtree_deploy.transport import HostConnection
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 NAME = "decidebox"
@@ -162,13 +166,17 @@ def test_numstat_counts_lines_that_look_like_headers() -> None:
 
 
 def test_allow_base_drift_tries_the_nearest_series_instead_of_repeating_the_refusal(sandbox, wheel_env, tmp_path) -> None:
-    """Issue 25.7: on sglang 0.5.23 (no series), `apply --allow-base-drift` repeated the same error and the same
-    hint (pass --allow-base-drift). Now it applies the nearest series despite the drift, loudly."""
+    """Issue 25.7: on sglang 0.5.23 (no series then), `apply --allow-base-drift` repeated the same error and the
+    same hint (pass --allow-base-drift). Now it applies the nearest series despite the drift, loudly. The patch sets
+    have a 0.5.23 series since; a copy without the series after 0.5.17 stands for a release newer than them all."""
     inv = tmp_path / "hosts"
     inv.mkdir()
     doc = host_doc(sandbox.drift.source, "driftbox", "/srv/ddtree-host/decide-drift")
     (inv / "driftbox.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    env = {"DDTREE_INVENTORY": str(inv), "DDTREE_SNAPSHOTS": str(tmp_path / "snapshots")}
+    patches = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", patches, ignore=lambda d, names: [
+        n for n in names if re.fullmatch(r"sglang-0\.5\.(1[89]|2\d)", n) or n == "__pycache__"])
+    env = {"DDTREE_INVENTORY": str(inv), "DDTREE_SNAPSHOTS": str(tmp_path / "snapshots"), "DDTREE_PATCHES": str(patches)}
     assert wheel_env.run("snapshot", "take", "driftbox", timeout=600, **env).returncode == 0
     refused = wheel_env.run("apply", "--host", "driftbox", "--dry-run", timeout=600, **env)
     assert refused.returncode == 5 and "has no series for sglang 0.5.23" in refused.stderr
