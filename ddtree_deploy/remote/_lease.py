@@ -135,28 +135,29 @@ def _fence(root, fence):
 
 def _read_commands(lease_timeout):
     """Lines from the control side on fd 0 until "release", the end of input, a lost sshd or a missed heartbeat.
-    Returns None for "release", else why the control side is gone."""
+    Returns (None, False) for "release", else (why the control side is gone, whether it said so itself: an
+    "abandon" from a tool that is alive and reports the settlement)."""
     buf = b""
     last = time.time()
     while True:
         if _control_lost():
-            return "the control side's SSH session ended (connection cut)"
+            return "the control side's SSH session ended (connection cut)", False
         ready, _, _ = select.select([0], [], [], 0.5)
         if ready:
             chunk = os.read(0, 4096)
             if not chunk:
-                return "the control side's connection closed (end of input)"
+                return "the control side's connection closed (end of input)", False
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 cmd = line.decode("utf-8", "replace").strip()
                 if cmd == "release":
-                    return None
+                    return None, False
                 if cmd.startswith("abandon"):
-                    return cmd[len("abandon"):].strip() or "abandoned by the control side"
+                    return cmd[len("abandon"):].strip() or "abandoned by the control side", True
                 last = time.time()  # "hb" or anything else: the control side is alive
         elif time.time() - last > lease_timeout:
-            return "no heartbeat from the control side for %.0f s" % lease_timeout
+            return "no heartbeat from the control side for %.0f s" % lease_timeout, False
 
 
 def hold(root, owner, break_lock=False, guard=None, lease_timeout=30.0):
@@ -175,13 +176,13 @@ def hold(root, owner, break_lock=False, guard=None, lease_timeout=30.0):
     got.update({"state": state, "has_baseline": _has_baseline(root), "boot_id": _boot_id(),
                 "untold": _untold_settlement(root, rid)})
     _emit({"ok": True, "result": got})
-    why = _read_commands(float(lease_timeout))
+    why, asked = _read_commands(float(lease_timeout))
     with _OpLock(root):  # waits for a step of this run that is half way
         if why is None:
             if not (_load_state(root).get("pending") or {}).get("run") == rid:
                 return {"released": _unlock(root, rid)["released"]}
             why = "the run ended with a release still unprobed"
-        return _abandon(root, rid, why, guard)
+        return _abandon(root, rid, why, guard, told=asked)
 
 
 def _untold_settlement(root, rid):
@@ -206,7 +207,7 @@ def _untold_settlement(root, rid):
     return None
 
 
-def _abandon(root, rid, why, guard):
+def _abandon(root, rid, why, guard, told=False):
     rec = _read_lock(root)
     if not rec or rec.get("run_id") != rid:
         return {"abandoned": why, "action": "none", "detail": "the lock was taken over by run %s" % (rec or {}).get("run_id")}
@@ -224,8 +225,8 @@ def _abandon(root, rid, why, guard):
     except Exception as exc:  # never leave the lock behind because of a bug here; say what happened
         outcome = {"action": "failed", "detail": "%s: %s" % (type(exc).__name__, exc)}
         _journal_quietly(root, "reconciled", run=rid, by="guardian", outcome="failed", detail=outcome["detail"][:500])
-    # the tool that asked is alive and reports this settlement itself (exit 130): the next command need not repeat it
-    _journal_quietly(root, "told", run=rid, about=rid)
+    if told:  # the tool that asked is alive and reports this settlement itself (exit 130): not said again later
+        _journal_quietly(root, "told", run=rid, about=rid)
     _unlock(root, rid)
     return dict(outcome, abandoned=why)
 
