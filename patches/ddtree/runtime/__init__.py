@@ -15,6 +15,14 @@ from .mask import mask_numel, mask_offsets, write_verify_mask
 from .selftest import self_test
 from .topk import draft_topk, topk_logits_lse
 from .tree import build_tree
+from .tree_chunk import (
+    commit_tree_conv_layers,
+    commit_tree_records_layers,
+    per_node_record_bytes,
+    record_width,
+    tree_ancestors,
+    tree_gated_delta_rule_chunk,
+)
 from .tree_recurrent import (
     check_budget_bytes,
     check_budget_memory,
@@ -44,6 +52,8 @@ __all__ = [
     "check_budget_bytes",
     "check_budget_memory",
     "check_parent_order",
+    "commit_tree_conv_layers",
+    "commit_tree_records_layers",
     "commit_tree_states",
     "commit_tree_states_layers",
     "draft_topk",
@@ -55,10 +65,14 @@ __all__ = [
     "max_budget_for_bytes",
     "max_budget_for_memory",
     "path_first_slot_order",
+    "per_node_record_bytes",
     "per_node_state_bytes",
+    "record_width",
     "sample_target_tokens",
     "self_test",
+    "tree_ancestors",
     "tree_causal_conv1d",
     "tree_gated_delta_rule",
+    "tree_gated_delta_rule_chunk",
     "write_verify_mask",
 ]
