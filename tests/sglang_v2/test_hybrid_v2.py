@@ -360,10 +360,19 @@ def test_hooks_sit_where_the_base_reads_them(v2_trees, base):
     assert gdn.index("return self.ddtree.forward(") < gdn.index("mamba_cache_params = self.req_to_token_pool")
     assert gdn.count("self.ddtree.fill(forward_batch)") == 2  # eager metadata and graph replay prep
     conf = (tree / "mem_cache/kv_cache_configurator.py").read_text()
-    assert conf.index("check_memory_for_pool(self, total_rest_memory, stage_per_req)") < conf.index(
-        '"mamba_pool.memory_budget_spec"'), "the check runs before the base sizes the pool"
+    if base == "0.5.17":  # the chunk-form verify's per-node records: the base sizes its scratch by what the hook says
+        call = ("step_per_req = check_memory_for_pool(\n                    self,\n                    total_rest_memory,"
+                "\n                    stage_per_req,\n                    config.mamba2_cache_params,")
+        assert conf.index(call) < conf.index('"mamba_pool.memory_budget_spec"'), "the check runs before the sizing"
+        sizing = conf[conf.index(call):]
+        assert sizing.count("step_per_req") >= 5 and "per_req * (1 + D)" not in sizing, "every reservation resized"
+    else:
+        assert conf.index("check_memory_for_pool(self, total_rest_memory, stage_per_req)") < conf.index(
+            '"mamba_pool.memory_budget_spec"'), "the check runs before the base sizes the pool"
     pool = (tree / "mem_cache/memory_pool.py").read_text()
     assert "and _ddtree_conv_window_dedup_allowed()" in pool
+    if base == "0.5.17":
+        assert "= _ddtree_intermediate_ssm_layout(" in pool, "the per-step SSM scratch takes DDTree's layout"
     worker = (tree / "speculative/dflash_worker_v2.py").read_text()
     i = worker.index("def _update_target_mamba_state_after_verify")
     body = worker[i: worker.index("def _ensure_accept_bonus_buffers")]
@@ -422,6 +431,9 @@ draft = parse_dflash_draft_config(draft_hf_config=dc.hf_config)
 per_req = int(params.mamba_cache_per_req)
 fits = {r: hybrid.max_budget(total_rest_gib=65.0, per_req_bytes=per_req, max_running_requests=r, slots_per_req=5,
                              mamba_share=8 / 9)[0] for r in (1, 2, 4, 8, 16)}
+node = hybrid.node_bytes_per_req(per_req, params)  # the chunk-form verify (the default): records, not states
+fits_chunk = {r: hybrid.max_budget(total_rest_gib=65.0, per_req_bytes=per_req, max_running_requests=r,
+                                   slots_per_req=5, mamba_share=8 / 9, node_bytes=node)[0] for r in (1, 2, 4, 8, 16)}
 print("RESULT" + json.dumps({
     "arch": mc.hf_config.architectures, "n1": sa.speculative_num_draft_tokens, "block": sa.speculative_dflash_block_size,
     "gdn": gdn is not None, "linear_layers": len(params.layers), "per_req": per_req,
@@ -429,7 +441,7 @@ print("RESULT" + json.dumps({
               gdn.linear_conv_kernel_dim], "hidden": gdn.hidden_size, "layers": gdn.num_hidden_layers,
     "ssm_dtype": str(params.dtype.temporal), "draft_layer_types": list(get_dflash_layer_types(dc.hf_config)),
     "draft_block": draft.block_size, "target_layer_ids": list(draft.target_layer_ids or []),
-    "mask_id": draft.mask_token_id, "fits": fits}))
+    "mask_id": draft.mask_token_id, "fits": fits, "fits_chunk": fits_chunk, "node_chunk": node}))
 '''
 
 
@@ -457,6 +469,10 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
     # the e2e q36 configurations (bench/e2e/hybrid17.sh): b16 at 16 requests, b32 at 8, b64 at 4, b128 at 1
     assert fits[16] >= 16 and fits[8] >= 32 and fits[4] >= 64 and fits[1] >= 128
     assert fits[16] < 32 and fits[8] < 64 and fits[4] < 128, "the cells left out really do not fit"
+    # the chunk form: conv windows (10240 x 3 bf16) + records (48 value heads x 257 floats) per node and GDN layer
+    assert got["node_chunk"] == 48 * (10240 * 3 * 2 + 48 * 257 * 4)
+    chunk = {int(k): v for k, v in got["fits_chunk"].items()}
+    assert chunk[16] >= 64 and chunk[8] >= 128 and chunk[1] >= 256, chunk
 
 
 DRAFTER = r"""
@@ -598,6 +614,7 @@ def test_prof36_profile_holds_on_the_real_qwen36_layers(v2_trees, tmp_path: Path
 ARD = r'''
 import json, os, runpy, sys
 os.environ["TRITON_INTERPRET"] = "1"; os.environ["DDTREE_HYBRID_IMPL"] = "triton"; os.environ["E2E_GDN_DECODE"] = "tree"
+os.environ["DDTREE_GDN_VERIFY"] = sys.argv[4]  # the bit-exact reference holds for the recurrent form
 from types import SimpleNamespace as NS
 sys.path.append(sys.argv[3])  # the repository root, as bench/e2e/driver.py's config_env puts it for the hook
 runpy.run_path(sys.argv[1])  # bench/e2e/gdn_unpacked_decode/sitecustomize.py: its import hook, before SGLang loads
@@ -641,8 +658,13 @@ ver.init_forward_metadata(f)
 o_tree = ver.forward_extend(layer, f, mixed_qkv=x.reshape(batch * n1, dim), a=a.reshape(-1, hv), b=bb.reshape(-1, hv))
 slot_of = ver.forward_metadata.mamba_cache_indices[:batch].long()
 last = torch.full((batch,), n1 - 1, dtype=torch.long)
-B.rt.commit_tree_states_layers(vpool.temporal, vpool.conv[0], vpool.inter_ssm, vpool.inter_conv[0], last,
-                               slot_of.to(torch.int32), impl="triton")
+if ver.ddtree.mode == "chunk":  # the accepted state rebuilt from the records along the path (here: the chain)
+    path = torch.arange(n1).expand(batch, n1)
+    B.rt.commit_tree_records_layers(vpool.temporal, vpool.inter_ssm, path, last, slot_of, slot_of, impl="triton")
+    B.rt.commit_tree_conv_layers(vpool.conv[0], vpool.inter_conv[0], last, slot_of.to(torch.int32), impl="triton")
+else:
+    B.rt.commit_tree_states_layers(vpool.temporal, vpool.conv[0], vpool.inter_ssm, vpool.inter_conv[0], last,
+                                   slot_of.to(torch.int32), impl="triton")
 
 # `ard`: n1 plain decode steps through the hooked forward_decode, from the same starting pool
 dec, dpool = backend(n1 - 1)
@@ -660,6 +682,9 @@ print("RESULT" + json.dumps({
     "ssm_equal": bool(torch.equal(dpool.temporal, vpool.temporal)),
     "conv_equal": bool(torch.equal(dpool.conv[0], vpool.conv[0])),
     "moved": bool(not torch.equal(dpool.temporal[0, slot_of], start[0, slot_of])),
+    "mode": ver.ddtree.mode,
+    "out_rel_diff": float((o_dec - o_tree).abs().max() / o_tree.abs().max()),
+    "ssm_rel_diff": float((dpool.temporal - vpool.temporal).abs().max() / vpool.temporal.abs().max()),
 }))
 '''
 
@@ -670,5 +695,19 @@ def test_ard_plain_decode_is_bit_identical_to_ddtree_verify(v2_trees, tmp_path: 
     outputs and committed SSM state / conv window, bit for bit, as DDTree's wired verify of the n-node chain and
     its commit (real patched 0.5.17 classes; Triton interpreted)."""
     hook = REPO / "bench" / "e2e" / "gdn_unpacked_decode" / "sitecustomize.py"
-    res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), str(REPO), timeout=900))
-    assert res == {"hooked": True, "outputs_equal": True, "ssm_equal": True, "conv_equal": True, "moved": True}, res
+    res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), str(REPO), "recurrent",
+                             timeout=900))
+    assert res["mode"] == "recurrent" and res["out_rel_diff"] == res["ssm_rel_diff"] == 0.0, res
+    assert {k: res[k] for k in ("hooked", "outputs_equal", "ssm_equal", "conv_equal", "moved")} == {
+        "hooked": True, "outputs_equal": True, "ssm_equal": True, "conv_equal": True, "moved": True}, res
+
+
+def test_chunk_verify_equals_plain_decode_within_float32_rounding(v2_trees, tmp_path: Path):
+    """The default (chunk) GDN verify against the same plain decode steps: the same values up to float32 rounding
+    (its sums run in another order, so bit-equality is the recurrent form's property only), the conv window
+    bit-equal (a copy), the committed state rebuilt from the records."""
+    hook = REPO / "bench" / "e2e" / "gdn_unpacked_decode" / "sitecustomize.py"
+    res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), str(REPO), "chunk",
+                             timeout=900))
+    assert res["mode"] == "chunk" and res["hooked"] and res["moved"] and res["conv_equal"], res
+    assert res["out_rel_diff"] < 1e-5 and res["ssm_rel_diff"] < 1e-5, res
