@@ -10,6 +10,8 @@ is the reference engine (real decoding on the overlay's own DDTree runtime), inj
   serving   `ddtree-deploy probe` passes on the host (the server runs the active release and decodes it correctly)
   lock      the host lock is free, with no stray lock/staging/partial files
   rerun     the same command run again succeeds
+  true-words  every "…; rolled back to …; probing it" line of the run is backed by the host journal's mark of that
+            rollback (no false "probe stage … failed" after a silent reconnect)
 
 A trial "held" when every check passed. Faults:
 
@@ -97,6 +99,27 @@ class Trial:
     seconds: float
     message: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+#: The run's own rollback line (deploy._roll_back), said once the host did it: "<host>: <why>; rolled back to <where>;
+#: probing it"; and the wording of old, said before the host was asked (false after a silent reconnect: #26).
+_WHY = r"(?:^|\s)[\w.-]+: (probe stage \S+ failed: (?:(?!probe stage ).)*?|probe failed)"
+_ROLLED_BACK = re.compile(_WHY + r"; rolled back to ([^;]+?); probing it")
+_ROLLING_BACK = re.compile(_WHY + r"; rolling back\b")
+
+
+def untrue_rollback_lines(text: str, journal: list[dict[str, Any]]) -> list[str]:
+    """The CLI's rollback lines that the host does not back: each "…; rolled back to …; probing it" needs the host
+    journal's mark of the failed release as bad with that reason (the run's own rollback writes it before the line
+    is printed; the guardian's marks "interrupted"), and the old "probe stage … failed: …; rolling back" is never
+    said. Lines are compared with whitespace collapsed (the console wraps long lines)."""
+    flat = " ".join(text.split())
+    marks = [" ".join(str(e.get("note", "")).split()) for e in journal
+             if e.get("event") == "mark" and e.get("status") == "bad"]
+    bad = [m.group(0).strip() for m in _ROLLED_BACK.finditer(flat)
+           if not any(note and m.group(1).startswith(note) for note in marks)]
+    bad += [m.group(0).strip()[-300:] for m in _ROLLING_BACK.finditer(flat)]
+    return bad
 
 
 class Cli:
@@ -410,7 +433,13 @@ class FaultBench:
         finally:
             self.resume(h)
         seconds = time.monotonic() - t0
+        with HostConnection(h) as conn:  # before the re-run: the faulted run's own journal lines are the last ones
+            journal = ReleaseManager(conn).show(journal_lines=200)["journal"]
+        false_lines = untrue_rollback_lines(text, journal)
         checks, notes = self.check(before, known, h, rerun=rerun, probe=probe)
+        checks["true-words"] = not false_lines
+        if false_lines:
+            notes["untrue"] = false_lines[:3]
         notes["exit_ok"] = run_ok
         held = all(checks.values())
         message = next((ln.strip() for ln in reversed(text.splitlines()) if "error:" in ln or ": ok" in ln
@@ -1103,8 +1132,8 @@ GUARDIAN_POINTS = ["build:linked", "switch:pending", "server:restart", "startup+
 SSHD_POINTS = ["server:restart", "startup+0.3", "generation+0"]
 DISK_AFTER_POINTS = ["switch:flipped", "server:restart", "startup+0"]
 SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
-    "cut": ["switch:pending"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
-    "guardian": ["startup+0.3"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
+    "cut": ["switch:pending", "generation+0"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
+    "guardian": ["startup+0.3", "finish:start"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
     "paths": ["dotdot"], "hostile": ["bad-result", "patch-pyc"],
 }
 
