@@ -125,6 +125,13 @@ def test_release_root_resolving_into_the_package(bench, kind):
     _held(HostileBench(bench).path_trial(kind))
 
 
+@pytest.mark.parametrize("kind", SHORT["yaml"])
+def test_hostile_yaml(bench, kind):
+    """A host file YAML alone would accept (`command_timeout: .inf`): refused by hosts check and apply, naming the
+    file and the field (tests/cli/test_cli_yaml_inputs.py runs every kind through the installed script)."""
+    _held(HostileBench(bench).yaml_trial(kind))
+
+
 @pytest.mark.parametrize("kind", SHORT["hostile"])
 def test_hostile_input(bench, kind):
     hb = HostileBench(bench)
