@@ -10,6 +10,8 @@ is the reference engine (real decoding on the overlay's own DDTree runtime), inj
   serving   `ddtree-deploy probe` passes on the host (the server runs the active release and decodes it correctly)
   lock      the host lock is free, with no stray lock/staging/partial files
   rerun     the same command run again succeeds
+  true-words  every "…; rolled back to …; probing it" line of the run is backed by the host journal's mark of that
+            rollback (no false "probe stage … failed" after a silent reconnect)
 
 A trial "held" when every check passed. Faults:
 
@@ -31,6 +33,8 @@ A trial "held" when every check passed. Faults:
                 a trailing slash, a symlinked entry): hosts check, snapshot and apply refuse it, the host unchanged
   flood, reply-<kind>, tar-<kind>, patchset-<kind>   hostile inputs: a host printing 200 MiB, malformed replies,
                 a tar member declared at 1.5 GiB, patch sets with a .pyc, a binary or a hard link (memory bounded)
+  yaml-<kind>   hostile YAML: `command_timeout: .inf`, a key given twice in a host file or a patchset.yaml (exit 2
+                naming the file and key; a host file before any host is contacted, a patchset.yaml before any push)
 
 Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json
 (``--cases ... --merge`` reruns some cases and keeps the other rows, each naming the run it comes from).
@@ -97,6 +101,27 @@ class Trial:
     seconds: float
     message: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+#: The run's own rollback line (deploy._roll_back), said once the host did it: "<host>: <why>; rolled back to <where>;
+#: probing it"; and the wording of old, said before the host was asked (false after a silent reconnect: #26).
+_WHY = r"(?:^|\s)[\w.-]+: (probe stage \S+ failed: (?:(?!probe stage ).)*?|probe failed)"
+_ROLLED_BACK = re.compile(_WHY + r"; rolled back to ([^;]+?); probing it")
+_ROLLING_BACK = re.compile(_WHY + r"; rolling back\b")
+
+
+def untrue_rollback_lines(text: str, journal: list[dict[str, Any]]) -> list[str]:
+    """The CLI's rollback lines that the host does not back: each "…; rolled back to …; probing it" needs the host
+    journal's mark of the failed release as bad with that reason (the run's own rollback writes it before the line
+    is printed; the guardian's marks "interrupted"), and the old "probe stage … failed: …; rolling back" is never
+    said. Lines are compared with whitespace collapsed (the console wraps long lines)."""
+    flat = " ".join(text.split())
+    marks = [" ".join(str(e.get("note", "")).split()) for e in journal
+             if e.get("event") == "mark" and e.get("status") == "bad"]
+    bad = [m.group(0).strip() for m in _ROLLED_BACK.finditer(flat)
+           if not any(note and m.group(1).startswith(note) for note in marks)]
+    bad += [m.group(0).strip()[-300:] for m in _ROLLING_BACK.finditer(flat)]
+    return bad
 
 
 class Cli:
@@ -410,7 +435,13 @@ class FaultBench:
         finally:
             self.resume(h)
         seconds = time.monotonic() - t0
+        with HostConnection(h) as conn:  # before the re-run: the faulted run's own journal lines are the last ones
+            journal = ReleaseManager(conn).show(journal_lines=200)["journal"]
+        false_lines = untrue_rollback_lines(text, journal)
         checks, notes = self.check(before, known, h, rerun=rerun, probe=probe)
+        checks["true-words"] = not false_lines
+        if false_lines:
+            notes["untrue"] = false_lines[:3]
         notes["exit_ok"] = run_ok
         held = all(checks.values())
         message = next((ln.strip() for ln in reversed(text.splitlines()) if "error:" in ln or ": ok" in ln
@@ -800,6 +831,9 @@ FLOOD_RSS_MAX = 300 << 20
 TAR_KINDS = ("declared-huge", "not-asked-for")
 TAR_DECLARED = 1536 << 20
 PATCHSET_KINDS = ("patch-pyc", "runtime-pyc", "runtime-hardlink", "runtime-binary")
+#: Hostile YAML: a host file with `command_timeout: .inf`, a host file with a key given twice, a patchset.yaml with a
+#: key given twice (YAML alone would keep the last).
+YAML_KINDS = ("timeout-inf", "host-key-twice", "patchset-key-twice")
 
 #: A `tar` for a local host's PATH: one member declared at TAR_DECLARED bytes (the first path asked for, or one
 #: that was not), then zeros until the reader goes away.
@@ -1038,6 +1072,61 @@ class HostileBench:
         trial = self.b.trial(f"tar-{kind}", f"{TAR_DECLARED >> 20} MiB declared", fault, probe=False)
         return self._verdict(trial, checks, notes)
 
+    # -- hostile YAML: an infinite timeout, a key given twice ---------------------------------------------------------------
+    def yaml_trial(self, kind: str) -> Trial:
+        """A host file (or patchset.yaml) of YAML_KINDS: every command that reads it (hosts check and apply, or
+        patchset show and apply) is exit 2 with an error naming the file and the key (a host file before any host is
+        contacted; a patchset.yaml before anything is pushed: apply may take its snapshot first); the host unchanged.
+        Each in an inventory of its own (a broken file there stops every command reading it)."""
+        checks: dict[str, bool] = {}
+        notes: dict[str, Any] = {}
+
+        def fault() -> tuple[int | None, str, bool]:
+            inv = self.b.work / f"hosts-yaml-{kind}"
+            shutil.rmtree(inv, ignore_errors=True)
+            name = "faults-yaml"
+            path = write_host_yaml(dataclasses.replace(self.b.host, name=name, source=""), inv)
+            env = {**self.b.env, "DDTREE_INVENTORY": str(inv)}
+            ps = self.b.patchsets["b"]
+            text = path.read_text()
+            if kind == "patchset-key-twice":
+                family = self.b.work / "hostile-yaml"
+                shutil.rmtree(family, ignore_errors=True)
+                shutil.copytree(ps.parent, family)
+                ps = family / ps.name
+                bad = ps / "patchset.yaml"
+                doc = bad.read_text()
+                first = re.search(r"^version: .*$", doc, re.M)
+                if first is None:
+                    raise RuntimeError(f"{bad} has no top-level version line")
+                bad.write_text(doc[:first.end()] + "\nversion: 9.9.9" + doc[first.end():])
+                words = [str(bad), "key 'version' is given twice"]
+                runs = {"show": ("patchset", "show", str(ps))}
+            elif kind == "timeout-inf":
+                path.write_text(re.sub(r"^command_timeout:.*\n", "", text, flags=re.M) + "command_timeout: .inf\n")
+                words = [str(path), "field 'command_timeout'", "expected a finite number of seconds"]
+                runs = {"check": ("hosts", "check", name)}
+            else:
+                if not re.search(r"^port:", text, re.M):
+                    text += "port: 22\n"
+                path.write_text(text + "port: 2222\n")
+                words = [str(path), "key 'port' is given twice"]
+                runs = {"check": ("hosts", "check", name)}
+            runs["apply"] = ("apply", "--host", name, "--patchset", str(ps))
+            before = self._listing()
+            said = {k: self._cli(*args, env=env) for k, args in runs.items()}
+            notes.update({k: " ".join(v[1].split())[-400:] for k, v in said.items()})
+            for k, (code, out) in said.items():  # compared without whitespace: the console wraps long paths
+                bare = "".join(out.split())
+                checks[f"{k}-refused"] = (code == 2 and all("".join(w.split()) in bare for w in words)
+                                          and "Traceback" not in out)
+            checks["host-identical"] = self._listing() == before
+            return said["apply"][0], "".join(v[1] for v in said.values()), all(checks.values())
+
+        point = "patchset show + apply" if kind == "patchset-key-twice" else "hosts check + apply"
+        trial = self.b.trial(f"yaml-{kind}", point, fault, probe=False)
+        return self._verdict(trial, checks, notes)
+
     # -- patch sets carrying what is not source ---------------------------------------------------------------------------
     def patchset_trial(self, kind: str) -> Trial:
         checks: dict[str, bool] = {}
@@ -1073,11 +1162,15 @@ def hostile_summary(trials: list[Trial]) -> list[str]:
             + "; ".join(f"{k} {v} MiB" for k, v in worst.items())
             + f" (flood: the host's python printed {FLOOD_BYTES >> 20} MiB; tar: one member declared at "
             f"{TAR_DECLARED >> 20} MiB). root-*: release_root spellings that the host resolves into the package, each "
-            "refused by hosts check, snapshot and apply with the host's tree unchanged."]
+            "refused by hosts check, snapshot and apply with the host's tree unchanged."
+            + (" yaml-*: host files and a patchset.yaml that YAML alone would accept (an infinite timeout, a key given "
+               "twice), each refused by every command that reads them, naming the file and the key."
+               if any(t.case.startswith("yaml-") for t in trials) else "")]
 
 
 def run_hostile(bench: FaultBench, each: int, short: bool, want: Callable[[str], bool]) -> list[Trial]:
-    """The cases of this block: ``paths`` (every spelling) and ``hostile`` (flood, replies, tar, patch sets)."""
+    """The cases of this block: ``paths`` (every spelling), ``hostile`` (flood, replies, tar, patch sets) and
+    ``yaml`` (an infinite timeout, keys given twice)."""
     hb, out = HostileBench(bench), []
     if want("paths"):
         out += [hb.path_trial(k) for _ in range(each) for k in (SHORT["paths"] if short else PATH_SPELLINGS)]
@@ -1088,6 +1181,8 @@ def run_hostile(bench: FaultBench, each: int, short: bool, want: Callable[[str],
                 trial = (hb.reply_trial if k == "flood" or k in REPLY_KINDS else
                          hb.tar_trial if k in TAR_KINDS else hb.patchset_trial)(k)
                 out.append(trial)
+    if want("yaml"):
+        out += [hb.yaml_trial(k) for _ in range(each) for k in (SHORT["yaml"] if short else YAML_KINDS)]
     return out
 
 
@@ -1103,9 +1198,9 @@ GUARDIAN_POINTS = ["build:linked", "switch:pending", "server:restart", "startup+
 SSHD_POINTS = ["server:restart", "startup+0.3", "generation+0"]
 DISK_AFTER_POINTS = ["switch:flipped", "server:restart", "startup+0"]
 SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
-    "cut": ["switch:pending"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
-    "guardian": ["startup+0.3"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
-    "paths": ["dotdot"], "hostile": ["bad-result", "patch-pyc"],
+    "cut": ["switch:pending", "generation+0"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
+    "guardian": ["startup+0.3", "finish:start"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
+    "paths": ["dotdot"], "hostile": ["bad-result", "patch-pyc"], "yaml": ["timeout-inf"],
 }
 
 
@@ -1255,7 +1350,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=20, help="trials of the mid-push cut (at least 20); other cases scale")
     p.add_argument("--cases", default="", help="comma-separated subset: cut-push,cut,sigint,sigkill,server,concurrent,"
-                   "corrupt,disk,guardian,sshd,disk-after,break-lock,hotfix,paths,hostile")
+                   "corrupt,disk,guardian,sshd,disk-after,break-lock,hotfix,paths,hostile,yaml")
     p.add_argument("--short", action="store_true", help="the short selection the test suite runs")
     p.add_argument("--engine", choices=("refengine", "standin"), default="refengine",
                    help="the host's server: the reference engine (real decoding) or the tests' stand-in (faster)")

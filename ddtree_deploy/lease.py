@@ -95,6 +95,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: str | None = None  # why the guardian is gone while we held the lease (see _beat)
+        self.holder: tuple[Any, Any] | None = None  # the guardian's (pid, start ticks) on the host, from its first reply
 
     def open(self, root: str, break_lock: bool) -> dict[str, Any]:
         self.session = self.conn.session("release", "hold", root=root, owner=self.owner, break_lock=break_lock,
@@ -104,6 +105,7 @@ class Lease:
             self.session.close()
             self.session = None
             return got
+        self.holder = (got.get("holder_pid"), got.get("holder_ticks"))
         self._thread = threading.Thread(target=self._beat, daemon=True, name="ddtree-lease")
         self._thread.start()
         _OPEN_LEASES.add(self)
@@ -153,7 +155,9 @@ class Lease:
             session.close()
 
     def release(self) -> dict[str, Any] | None:
-        """End of the run: the guardian releases the lock (or, if a switch is still pending, settles it first)."""
+        """End of the run: the guardian releases the lock (or, if a switch is still pending, settles it first).
+        None when its answer did not come (it died before or while it got the line: ReleaseManager.release_lock
+        then looks at the lock itself)."""
         return self._end("release", timeout=self.settle_budget())
 
     def abandon(self, why: str) -> dict[str, Any] | None:

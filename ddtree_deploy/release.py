@@ -99,6 +99,10 @@ class ReleaseManager:
         self.run_id = run_id or new_run_id()
         self.lease: Lease | None = None
         self.stage = "start"  # what the run is doing, for messages about interruptions
+        #: Where release_lock says what it did beyond releasing the lock (settled after a dead guardian); the run's
+        #: progress lines (transaction.run_on_host), silent otherwise.
+        self.notify: Callable[[str], None] | None = None
+        self._settling_dead = False
 
     @property
     def fence(self) -> str | None:
@@ -153,14 +157,54 @@ class ReleaseManager:
 
     def release_lock(self) -> dict[str, Any] | None:
         """End of the run: the guardian releases the lock. A guardian that died under us cannot: this run then
-        settles the host itself (see settle_dead_lease)."""
+        settles the host itself (see settle_dead_lease), and says so. That holds too when the guardian died after
+        the run's last step, before the watch saw its channel close: its "release" then goes unanswered, and the
+        lock it leaves behind is looked at (see _unanswered_release)."""
         lease, self.lease = self.lease, None
         if lease is None:
             return None
         if lease.lost:
             lease.forget()
-            return {"settled": self.settle_dead_lease(lease.lost)[0]}
-        return lease.release()
+            message, outcome = self.settle_dead_lease(lease.lost)
+            self._say(f"{lease.lost}; {message}")
+            return {"settled": message, "outcome": outcome}
+        res = lease.release()
+        if res is None:
+            return self._unanswered_release(lease)
+        return res
+
+    def _say(self, message: str) -> None:
+        if self.notify is not None:
+            self.notify(message)
+
+    def _unanswered_release(self, lease: Lease) -> dict[str, Any] | None:
+        """The guardian did not answer "release": it died before or while it got it (killed after the run's last
+        step, taken along by a restart of the host's sshd), or its answer was lost. The lock is removed here only
+        when it is provably that guardian's own and dead: still this run's, recorded by the same holder process
+        (pid and start time) that the lease's first reply named, and that process gone by the host's own check;
+        the host is then settled as the guardian would have done it (settle_dead_lease), and that is said."""
+        if self._settling_dead:
+            return None  # settle_dead_lease's own release: it says what it did
+        try:
+            info = self._call("show", root=self.root, timeout=30)
+        except DeployError as exc:
+            self._say(f"the host's guardian did not answer the lock's release, and the host could not be asked "
+                      f"again ({exc.message}); if the guardian died, the next command takes its dead lock over")
+            return None
+        lock = info.get("lock") or {}
+        if lock.get("run_id") != self.run_id:
+            return {"released": True}  # the guardian released it; only its answer was lost
+        pid, ticks = lease.holder or (None, None)
+        own = pid is not None and lock.get("holder_pid") == pid and lock.get("holder_ticks") == ticks
+        if not own or info.get("lock_state") != "dead":
+            self._say(f"the host's guardian did not answer the lock's release; the lock of this run is still held "
+                      f"there ({info.get('lock_state')}, holder pid {lock.get('holder_pid')}): "
+                      f"`ddtree-deploy releases {self.host.name}` shows it")
+            return None
+        why = f"the host's guardian process of this run (pid {pid}) died before it released the lock"
+        message, outcome = self.settle_dead_lease(why)
+        self._say(f"{why}; {message}")
+        return {"settled": message, "outcome": outcome}
 
     def abandon(self, why: str) -> dict[str, Any] | None:
         """Hand the run to the host's guardian (an interruption): it rolls back what is pending and unlocks."""
@@ -177,21 +221,30 @@ class ReleaseManager:
         safe release, server restarted there, `pending` cleared), and release the lock. Says what was done, and returns
         the settlement (None when it could not be done)."""
         command, guard = getattr(self, "_lock_args", ("ddtree-deploy", None))
+        self._settling_dead = True
         try:
-            res = self.acquire(command, guard=guard, wait=120.0)  # a step of the run may still be finishing
-        except DeployError as exc:
-            return f"this run could not take the dead lock over to settle the host: {exc.message}", None
-        try:
-            pend = res["state"].get("pending")
-            if pend:
-                outcome = self.reconcile(why, guard, timeout=60 + float(self.host.probe.get("startup_timeout", 600.0)))
-            else:
-                outcome = {"action": "none", "to": res["state"]["active"]}
-        except DeployError as exc:
-            self.abandon(f"settling a dead guardian's run failed: {exc.message}")
-            return (f"this run took the dead lock over but could not settle the host: {exc.message} — the host needs "
-                    "attention"), None
-        self.release_lock()
+            try:
+                res = self.acquire(command, guard=guard, wait=120.0)  # a step of the run may still be finishing
+            except DeployError as exc:
+                return f"this run could not take the dead lock over to settle the host: {exc.message}", None
+            try:
+                pend = res["state"].get("pending")
+                if pend:
+                    outcome = self.reconcile(why, guard,
+                                             timeout=60 + float(self.host.probe.get("startup_timeout", 600.0)))
+                else:
+                    outcome = {"action": "none", "to": res["state"]["active"]}
+            except DeployError as exc:
+                self.abandon(f"settling a dead guardian's run failed: {exc.message}")
+                return (f"this run took the dead lock over but could not settle the host: {exc.message} — the host "
+                        "needs attention"), None
+            released = self.release_lock()
+        finally:
+            self._settling_dead = False
+        if released is None:  # the lock taken over to settle lost its own guardian's answer: say only what is known
+            return (f"this run took the dead lock over and settled the host itself: {describe_settlement(outcome)}; "
+                    f"the release of the lock was not answered (`ddtree-deploy releases {self.host.name}` shows "
+                    "whether it is still held)"), outcome
         return f"this run settled the host itself and removed the dead lock: {describe_settlement(outcome)}", outcome
 
     @contextmanager

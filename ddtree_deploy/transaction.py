@@ -102,6 +102,7 @@ def run_on_host(host: Host, command: str, *, break_lock: bool = False, progress:
     with HostConnection(host) as conn:
         hostpaths.check(conn, host)  # before the lock: a root that resolves into the package gets nothing written
         mgr = ReleaseManager(conn, run_id or new_run_id())
+        mgr.notify = lambda message: progress(f"{host.name}: {message}")
         with mgr.locked(command, break_lock=break_lock, guard=guard_spec(host), wait=SETTLING_WAIT) as info:
             if info.get("broken"):
                 progress(f"{host.name}: broke the lock held by run {info['broken'].get('run_id')}")

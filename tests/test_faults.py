@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from faults import REPLY_KINDS, SHORT, FaultBench, HostileBench, Trial  # noqa: E402
+from faults import REPLY_KINDS, SHORT, FaultBench, HostileBench, Trial, untrue_rollback_lines  # noqa: E402
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.faults]
 
@@ -46,7 +46,23 @@ def test_cut_mid_push(bench, i):
 
 @pytest.mark.parametrize("point", SHORT["cut"])
 def test_cut(bench, point):
-    _held(bench.cut_at(point))
+    """A cut before the probe, and one during it (after which the run's next call reconnects silently): held, and
+    no rollback line the host does not back (a false "probe stage … failed; rolling back" before the final line)."""
+    trial = bench.cut_at(point)
+    _held(trial)
+    assert trial.checks["true-words"], trial.notes.get("untrue")
+
+
+def test_a_rollback_line_needs_the_hosts_mark():
+    """The check behind "true-words": the run's rollback line is true only when the host journalled that rollback
+    (its mark of the failed release as bad, with the same reason); the old "failed; rolling back" never is."""
+    said = ("faults: probe stage generation failed: connection lost during the probe's\n generation; rolled back to "
+            "release r1; probing it\nfaults: rolled-back")
+    mark = {"event": "mark", "status": "bad", "release": "r2",
+            "note": "probe stage generation failed: connection lost during the probe's generation"}
+    assert untrue_rollback_lines(said, [mark]) == []
+    assert untrue_rollback_lines(said, [dict(mark, status="interrupted")])  # the guardian's mark is not the run's
+    assert untrue_rollback_lines("faults: probe stage startup failed: x; rolling back\n", [mark])
 
 
 @pytest.mark.parametrize("point", SHORT["sigint"])
@@ -107,6 +123,13 @@ def test_release_root_resolving_into_the_package(bench, kind):
     """A release_root that the host resolves into the installed package is refused by hosts check, snapshot and
     apply, both spellings shown, the host left byte-identical (the long form runs every spelling)."""
     _held(HostileBench(bench).path_trial(kind))
+
+
+@pytest.mark.parametrize("kind", SHORT["yaml"])
+def test_hostile_yaml(bench, kind):
+    """A host file YAML alone would accept (`command_timeout: .inf`): refused by hosts check and apply, naming the
+    file and the field (tests/cli/test_cli_yaml_inputs.py runs every kind through the installed script)."""
+    _held(HostileBench(bench).yaml_trial(kind))
 
 
 @pytest.mark.parametrize("kind", SHORT["hostile"])

@@ -102,6 +102,55 @@ def test_guardian_rolls_back_when_the_control_side_vanishes(good):
     assert not [ln for ln in again if "guardian settled" in ln], again
 
 
+def _kill_guardian_unseen(run):
+    """SIGKILL the run's guardian on the host and wait until the host calls its lock dead; the run's watch of the
+    guardian's channel is slowed by the caller, so the run has not seen it (as when the kill lands between the last
+    step and the end of the run)."""
+    import time
+
+    pid = run.mgr.show()["lock"]["holder_pid"]
+    run.conn.run(f"kill -9 {pid}")
+    deadline = time.monotonic() + 20
+    while run.mgr.show()["lock_state"] != "dead" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run.mgr.show()["lock_state"] == "dead"
+    return pid
+
+
+def test_a_guardian_killed_after_the_last_step_leaves_no_dead_lock(good, monkeypatch):
+    """The guardian dies after the run's last step, before the run's watch saw its channel close (the fault suite's
+    guardian-killed at finish:start): its "release" goes unanswered. The run finds the lock still its own, recorded
+    by that same guardian (pid and start time) and dead by the host's check: it takes it over, settles the host
+    (nothing pending here), removes it and says so. A dead lock of the run that another holder recorded is left."""
+    from ddtree_deploy import lease
+
+    host, _, release = good
+    monkeypatch.setattr(lease, "WATCH", 3600.0)  # the watch has not looked again by the end of the block
+    said: list[str] = []
+    with run_on_host(host, "ddtree-deploy server restart (test: guardian dies last)", progress=said.append) as run:
+        pid = _kill_guardian_unseen(run)
+    info = _show(host)
+    assert info["lock"] is None and info["state"]["pending"] is None and info["state"]["active"] == release
+    took = [e for e in info["journal"] if e["event"] == "lock-recovered"][-1]
+    assert took["run"] == run.mgr.run_id and took["previous"]["holder_pid"] == pid
+    told = [ln for ln in said if "removed the dead lock" in ln]
+    assert len(told) == 1 and f"pid {pid}" in told[0] and "nothing was pending" in told[0], said
+
+    # a dead lock of this run that names another holder is not provably its guardian's: it stays, and is reported
+    said.clear()
+    with run_on_host(host, "ddtree-deploy server restart (test: not its guardian)", progress=said.append) as run:
+        pid = _kill_guardian_unseen(run)
+        run.conn.run(f"sed -i 's/\"holder_pid\": {pid}/\"holder_pid\": {pid + 100000}/' {host.release_root}/lock")
+    info = _show(host)
+    try:
+        assert info["lock"]["run_id"] == run.mgr.run_id and info["lock_state"] == "dead"
+        assert not [e for e in info["journal"] if e["event"] == "lock-recovered" and e["run"] == run.mgr.run_id]
+        assert [ln for ln in said if "did not answer the lock's release" in ln and "still held" in ln], said
+    finally:
+        with HostConnection(host) as conn:
+            conn.run(f"rm -f {host.release_root}/lock")
+
+
 def test_next_command_rolls_back_a_pending_switch_nobody_settled_and_says_so(good):
     host, inv, release = good
     left = _leave_pending(host, overlay(version="0.2.0-orphan"))

@@ -163,7 +163,8 @@ def _read_commands(lease_timeout):
 def hold(root, owner, break_lock=False, guard=None, lease_timeout=30.0):
     """Session op: take the host lock for run ``owner["run_id"]`` and hold it while the control side is there.
 
-    First reply: {acquired, state, has_baseline, recovered|broken, ...} (or who holds it). Then it reads command
+    First reply: {acquired, state, has_baseline, recovered|broken, holder_pid, ...} (or who holds it; holder_pid is
+    this process, the lock record's holder: the control side tells its own dead guardian by it). Then it reads command
     lines: "hb" (heartbeat), "release" (end of the run: the lock is released), "abandon <why>" (the control side
     was interrupted). On "abandon", end of input or a missed heartbeat it settles the run itself (see _settle) with
     ``guard`` (the server spec and start-up check), releases the lock and says what it did in its final reply."""
@@ -174,7 +175,8 @@ def hold(root, owner, break_lock=False, guard=None, lease_timeout=30.0):
     rid = owner.get("run_id")
     state = _load_state(root)
     got.update({"state": state, "has_baseline": _has_baseline(root), "boot_id": _boot_id(),
-                "untold": _untold_settlement(root, rid)})
+                "untold": _untold_settlement(root, rid), "holder_pid": os.getpid(),
+                "holder_ticks": _proc_start_ticks(os.getpid())})
     _emit({"ok": True, "result": got})
     why, asked = _read_commands(float(lease_timeout))
     with _OpLock(root):  # waits for a step of this run that is half way
