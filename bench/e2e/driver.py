@@ -36,6 +36,10 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
   -prof     after the other workloads, SGLang's torch profiler (CPU + GPU, Python stacks) around a few greedy
             rounds at the batches of E2E_PROF_BATCHES (default 1,16); traces in OUTDIR/prof/NAME-bsN/, read by
             bench/e2e/round_share.py (python -m bench.e2e.round_share)
+  -rec      (ddtree on hybrids) DDTREE_GDN_VERIFY=recurrent: the GatedDeltaNet verify with a state per node, the
+            form plain decoding through DDTree's kernels (`ard`) is bit-identical to (default: the chunk form)
+  -x3       (ddtree on hybrids) DDTREE_GDN_CHUNK=prec=tf32x3: the chunk-form verify's dots as three TF32 products
+            on tensor cores (default: float32 FMA)
   -pN       pass N of a configuration measured more than once in a lease (interleaved with the others; the
             report merges the passes' speed runs and shows each pass's median)
   -launch   launches and host µs per decode round of the worker (bench/e2e/round_stats_hook/sitecustomize.py in the
@@ -114,6 +118,10 @@ def parse(name: str) -> dict:
             cfg["prefill_graph"] = True
         elif p == "noov":  # the scheduler without overlap (spec-v2 bases drive the same worker synchronously)
             cfg["overlap"] = False
+        elif p == "rec":  # DDTREE_GDN_VERIFY=recurrent: hybrid GDN verify with a state per node (the ard reference)
+            cfg["gdn_verify"] = "recurrent"
+        elif p == "x3":  # DDTREE_GDN_CHUNK=prec=tf32x3: the chunk-form GDN verify's dots on tensor cores (3 x TF32)
+            cfg["gdn_chunk"] = "prec=tf32x3"
         elif p == "sync":  # DDTREE_SYNC_CHECK=1: log every host-synchronising CUDA call of a DDTree round
             cfg["sync_check"] = True
         elif p == "prof":
@@ -478,6 +486,10 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
         env.setdefault("E2E_SPEED_T", str(SAMPLED_SPEED_MODELSETS[cfg["modelset"]]))
     if cfg.get("sync_check"):
         env["DDTREE_SYNC_CHECK"] = "1"
+    if cfg.get("gdn_verify"):
+        env["DDTREE_GDN_VERIFY"] = cfg["gdn_verify"]
+    if cfg.get("gdn_chunk"):
+        env["DDTREE_GDN_CHUNK"] = cfg["gdn_chunk"]
     hooks = []
     if cfg["algo"] in ("arv", "ard"):
         hooks.append(str(Path(__file__).resolve().parent / "gdn_unpacked_decode"))

@@ -8,14 +8,18 @@
 #             kernels' math, `ard`, in part `ard`), greedy batches 1/4/16, eager and CUDA graphs, radix cache on with
 #             the extra_buffer mamba strategy
 #   ard       the smallest run of the lossless proof (one GPU, three engines, no kernel check): plain decoding with
-#             DDTree's tree-kernel math vs DDTree b4 and b16, eager (bench/results/hybrid-0.5.17-h200-ties.md says why)
+#             DDTree's tree-kernel math vs DDTree b4 and b16 with the recurrent GDN verify (-rec, the form ard is
+#             bit-identical to), eager (bench/results/hybrid-0.5.17-h200-ties.md says why)
+#   chunk     the default chunk-form GDN verify against the stock V2 chain: chain, DDTree b4/b16 eager and b64 with
+#             graphs; every disagreement then recomputed off the GPU (python -m bench.e2e.tie_gaps --set hyblive)
 #   gputests  TRITON_INTERPRET=0 pytest -m gpu tests/gpu with the bundle + overlay on the path ($OUT/gputests.log,
 #             $OUT/gputests.xml); the 0.5.11-only checks skip naming what they need
 #   q36       the Qwen3.6-27B shape (dummy weights) + the z-lab Qwen3.6-27B-DFlash drafter shape: round milliseconds
 #             of the chain and DDTree b16/b32/b64/b128 at batch 1/8/16 where the per-node states fit (max running
 #             requests 16/16/8/4/1), and the profiler's GatedDeltaNet-verify share of the round
 #   q36t1/q36t2  the same round table without the profiler, E2E_SPEED_REPS (default 8) short reps per batch, in two
-#             commands of one lease: chain (pass 1), b16, b32 | b64, b128, chain (pass 2): the chain measured at both
+#             commands of one lease, every configuration at 16 max running requests (the chunk-form verify's
+#             per-node records fit there up to b128): chain (pass 1), b16, b32 | b64, b128, chain (pass 2): the chain measured at both
 #             ends bounds the drift between the configurations (the report merges the passes, showing each median)
 #   prof36    the 27B shapes with the controlled acceptance profile (models/mk_profile.py): chain, b16, b64 sampled at
 #             T = 1, so tok/s (not only round cost) is measured against the chain
@@ -23,7 +27,8 @@
 # `ddtree-deploy patchset build ddtree --base sglang==0.5.17 --out .e2e17/overlay`):
 #   bash bench/e2e/hybrid17.sh TAG all        # 4 GPUs (E2E_GPUS=0,1,2,3 by default): everything at once
 #   bash bench/e2e/hybrid17.sh TAG lossless   # one GPU: kernels + lossless
-#   bash bench/e2e/hybrid17.sh TAG ard        # one GPU: hyblive-ard vs DDTree b4/b16 (eager)
+#   bash bench/e2e/hybrid17.sh TAG ard        # one GPU: hyblive-ard vs DDTree b4/b16 (eager, recurrent GDN verify)
+#   bash bench/e2e/hybrid17.sh TAG chunk      # one GPU: stock chain vs DDTree b4/b16 (eager) and b64 (graphs)
 #   bash bench/e2e/hybrid17.sh TAG gputests   # one GPU: the GPU test files under pytest
 #   bash bench/e2e/hybrid17.sh TAG q36a       # one GPU: chain, b16, b32 at the 27B shape (profiled)
 #   bash bench/e2e/hybrid17.sh TAG q36b       # one GPU: b64, b128 at the 27B shape (profiled)
@@ -41,8 +46,8 @@ LOSSLESS=$LOSSLESS,hyblive-ar-graph,hyblive-arv-graph,hyblive-chain-graph,hybliv
 LOSSLESS=$LOSSLESS,hyblive-ddtree-b64-graph
 Q36A=q36-chain-graph-mrr16-prof,q36-ddtree-b16-graph-mrr16-prof,q36-ddtree-b32-graph-mrr8-prof
 Q36B=q36-ddtree-b64-graph-mrr4-prof,q36-ddtree-b128-graph-mrr1-prof
-Q36T1=q36-chain-graph-mrr16-p1,q36-ddtree-b16-graph-mrr16,q36-ddtree-b32-graph-mrr8
-Q36T2=q36-ddtree-b64-graph-mrr4,q36-ddtree-b128-graph-mrr1,q36-chain-graph-mrr16-p2
+Q36T1=q36-chain-graph-mrr16-p1,q36-ddtree-b16-graph-mrr16,q36-ddtree-b32-graph-mrr16
+Q36T2=q36-ddtree-b64-graph-mrr16,q36-ddtree-b128-graph-mrr16,q36-chain-graph-mrr16-p2
 PROF36=prof36-chain-graph-mrr16,prof36-ddtree-b16-graph-mrr16,prof36-ddtree-b64-graph-mrr4
 export E2E_BASE=0.5.17 E2E_SPEED_BATCHES=${E2E_SPEED_BATCHES:-1,8,16} E2E_SPEED_TOKENS=${E2E_SPEED_TOKENS:-64}
 export E2E_SPEED_PROMPT_LEN=${E2E_SPEED_PROMPT_LEN:-512} E2E_PROF_BATCHES=${E2E_PROF_BATCHES:-1,8,16}
@@ -51,14 +56,15 @@ SEQUENTIAL=0
 case "$PART" in
   all) export E2E_GPUS=${E2E_GPUS:-0,1,2,3} E2E_KERNEL_CHECK=1; CONFIGS=$Q36A,$Q36B,$LOSSLESS ;;
   lossless) export E2E_KERNEL_CHECK=1; CONFIGS=$LOSSLESS ;;
-  ard) CONFIGS=hyblive-ard,hyblive-ddtree-b4,hyblive-ddtree-b16 ;;
+  ard) CONFIGS=hyblive-ard,hyblive-ddtree-b4-rec,hyblive-ddtree-b16-rec ;;
+  chunk) CONFIGS=${E2E_CHUNK_CONFIGS:-hyblive-chain,hyblive-ddtree-b4,hyblive-ddtree-b16,hyblive-ddtree-b64-graph} ;;
   gputests) CONFIGS= ;;
   q36a) CONFIGS=$Q36A; SEQUENTIAL=1 ;;
   q36b) CONFIGS=$Q36B; SEQUENTIAL=1 ;;
   q36t1) CONFIGS=$Q36T1; SEQUENTIAL=1; export E2E_SPEED_REPS=${E2E_SPEED_REPS:-8} ;;
   q36t2) CONFIGS=$Q36T2; SEQUENTIAL=1; export E2E_SPEED_REPS=${E2E_SPEED_REPS:-8} ;;
   prof36) CONFIGS=$PROF36; SEQUENTIAL=1; export E2E_SPEED_REPS=${E2E_SPEED_REPS:-8} ;;
-  *) echo "part must be all, lossless, ard, gputests, q36a, q36b, q36t1, q36t2 or prof36, got $PART" >&2; exit 2 ;;
+  *) echo "part must be all, lossless, ard, chunk, gputests, q36a, q36b, q36t1, q36t2 or prof36, got $PART" >&2; exit 2 ;;
 esac
 if [ "$PART" = gputests ]; then
   OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"

@@ -360,19 +360,15 @@ def test_hooks_sit_where_the_base_reads_them(v2_trees, base):
     assert gdn.index("return self.ddtree.forward(") < gdn.index("mamba_cache_params = self.req_to_token_pool")
     assert gdn.count("self.ddtree.fill(forward_batch)") == 2  # eager metadata and graph replay prep
     conf = (tree / "mem_cache/kv_cache_configurator.py").read_text()
-    if base == "0.5.17":  # the chunk-form verify's per-node records: the base sizes its scratch by what the hook says
-        call = ("step_per_req = check_memory_for_pool(\n                    self,\n                    total_rest_memory,"
-                "\n                    stage_per_req,\n                    config.mamba2_cache_params,")
-        assert conf.index(call) < conf.index('"mamba_pool.memory_budget_spec"'), "the check runs before the sizing"
-        sizing = conf[conf.index(call):]
-        assert sizing.count("step_per_req") >= 5 and "per_req * (1 + D)" not in sizing, "every reservation resized"
-    else:
-        assert conf.index("check_memory_for_pool(self, total_rest_memory, stage_per_req)") < conf.index(
-            '"mamba_pool.memory_budget_spec"'), "the check runs before the base sizes the pool"
+    # the chunk-form verify's per-node records: the base sizes its scratch by what the hook says
+    call = ("step_per_req = check_memory_for_pool(\n                    self,\n                    total_rest_memory,"
+            "\n                    stage_per_req,\n                    config.mamba2_cache_params,")
+    assert conf.index(call) < conf.index('"mamba_pool.memory_budget_spec"'), "the check runs before the sizing"
+    sizing = conf[conf.index(call):]
+    assert sizing.count("step_per_req") >= 5 and "per_req * (1 + D)" not in sizing, "every reservation resized"
     pool = (tree / "mem_cache/memory_pool.py").read_text()
     assert "and _ddtree_conv_window_dedup_allowed()" in pool
-    if base == "0.5.17":
-        assert "= _ddtree_intermediate_ssm_layout(" in pool, "the per-step SSM scratch takes DDTree's layout"
+    assert "= _ddtree_intermediate_ssm_layout(" in pool, "the per-step SSM scratch takes DDTree's layout"
     worker = (tree / "speculative/dflash_worker_v2.py").read_text()
     i = worker.index("def _update_target_mamba_state_after_verify")
     body = worker[i: worker.index("def _ensure_accept_bonus_buffers")]

@@ -1,12 +1,16 @@
 """Triton kernels of the tree gated delta rule in chunk form (semantics and the reference: :mod:`.tree_chunk`).
 
+* ``_tree_gdn_tri_kernel``: grid (node blocks, B * HV). The inverse of each diagonal block of ``I + A`` (BT = 16
+  nodes: node order is parent-before-child, so the system is unit lower triangular in it), by forward
+  substitution in registers, into a small scratch. It does not depend on V, so it runs once per block, not once
+  per V slice, and the blocks run in parallel.
 * ``_tree_gdn_chunk_kernel``: grid (V blocks, B * HV). One program owns a [BV] slice of one value head of one
-  request and the whole tree, in blocks of BT = 16 nodes (node order is parent-before-child, so the system is
-  unit lower triangular in it). Per block: the right-hand side and the committed state's contribution to the
-  outputs from one [K, BV] tile of the committed state held in registers; the earlier blocks' deltas (read back
-  from ``records``, written earlier by this same program) through tensor-core dots; the block's own 16x16
-  triangle by forward substitution in registers; then the block's outputs. Every node's delta u goes to
-  ``records``; the V-block 0 program also writes the node's normalised key and path log decay.
+  request and the whole tree, block after block: the right-hand side and the committed state's contribution to
+  the outputs from one [K, BV] tile of the committed state held in registers; the earlier blocks' terms through
+  their deltas (read back from ``records``, written earlier by this same program); the block's deltas as its
+  triangle's inverse times the right-hand side; then the block's outputs. Dots only, no per-row reductions. Every
+  node's delta u goes to ``records``; the V-block 0 program also writes the node's normalised key and path log
+  decay (read by the commit only: within the verify every program reads keys and decays from the inputs).
 * ``_commit_records_kernel``: grid (B, HV * V blocks, layers): the accepted node's state rebuilt from the
   committed state and the deltas along the accepted path (at most L + 1 rank-one terms), written to the slot.
 * Conv windows are committed by :mod:`.tree_recurrent_triton`'s ``_commit_kernel`` with no SSM chunks.
@@ -34,14 +38,51 @@ def _load_rows(ptr, rows, mrows, stride_n, o_k, mk, L2NORM: tl.constexpr):
 
 
 @triton.jit
+def _tree_gdn_tri_kernel(
+    k_ptr, gs_ptr, beta_ptr, anc_ptr, tri_ptr, rec_ptr,
+    sk_b, sk_n, sk_h, sg_b, sg_n, sbt_b, sbt_n, sa_b, sa_i,
+    N1: tl.constexpr, NP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    W: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    b = i_bh // HV
+    hv = i_bh % HV
+    h = hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, BT)
+    r = blk * BT + o_t
+    mr = r < N1
+    kr = _load_rows(k_ptr + b * sk_b + h * sk_h, r, mr, sk_n, o_k, o_k < K, L2NORM)
+    gr = tl.load(gs_ptr + b * sg_b + r * sg_n + hv, mask=mr, other=0.0).to(tl.float32)
+    br = tl.load(beta_ptr + b * sbt_b + r * sbt_n + hv, mask=mr, other=0.0).to(tl.float32)
+    m = tl.load(anc_ptr + b * sa_b + r[:, None] * sa_i + r[None, :], mask=mr[:, None] & mr[None, :], other=0)
+    dec = tl.where((m != 0) & (o_t[:, None] > o_t[None, :]), tl.exp(tl.minimum(gr[:, None] - gr[None, :], 0.0)), 0.0)
+    a = tl.dot(kr, tl.trans(kr), input_precision=PREC) * dec * br[:, None]
+    # T = (I + A)^-1, row by row: T_i = e_i - sum_{m < i} A[i, m] T_m
+    t = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    for i in tl.static_range(1, BT):
+        sel = o_t == i
+        a_row = tl.sum(tl.where(sel[:, None], a, 0.0), 0)
+        t_i = tl.where(sel, 1.0, 0.0) - tl.sum(a_row[:, None] * t, 0)
+        t = tl.where(sel[:, None], t_i[None, :], t)
+    tl.store(tri_ptr + (i_bh * NP + r[:, None]) * BT + o_t[None, :], t)
+    # the nodes' normalised keys and path log decays, into their records (the verify reads them back from there)
+    rec = rec_ptr + (b * N1 * HV + hv) * W
+    tl.store(rec + r[:, None] * (HV * W) + V + o_k[None, :], kr, mask=mr[:, None] & (o_k < K)[None, :])
+    tl.store(rec + r * (HV * W) + V + K, gr, mask=mr)
+
+
+@triton.jit
 def _tree_gdn_chunk_kernel(
-    q_ptr, k_ptr, v_ptr, gs_ptr, beta_ptr, anc_ptr, slot_ptr, h0_ptr, o_ptr, rec_ptr,
+    q_ptr, k_ptr, v_ptr, gs_ptr, beta_ptr, anc_ptr, slot_ptr, h0_ptr, o_ptr, rec_ptr, tri_ptr,
     scale,
     sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
     sg_b, sg_n, sbt_b, sbt_n, sa_b, sa_i, sh0_s,
     so_b, so_n, so_h,
-    N1: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+    N1: tl.constexpr, NP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    W: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -59,7 +100,6 @@ def _tree_gdn_chunk_kernel(
     h0t = tl.load(h0_ptr + tl.maximum(slot, 0) * sh0_s + hv * V * K + o_v[None, :] * K + o_k[:, None],
                   mask=mk[:, None] & mv[None, :] & (slot >= 0), other=0.0).to(tl.float32)
     q_base = q_ptr + b * sq_b + h * sq_h
-    k_base = k_ptr + b * sk_b + h * sk_h
     v_base = v_ptr + b * sv_b + hv * sv_h
     rec_node = HV * W  # records [B, N1, HV, W]: node stride
     rec_base = rec_ptr + b * N1 * rec_node + hv * W
@@ -68,56 +108,71 @@ def _tree_gdn_chunk_kernel(
     for blk in range(0, tl.cdiv(N1, BT)):
         r = blk * BT + o_t
         mr = r < N1
-        kr = _load_rows(k_base, r, mr, sk_n, o_k, mk, L2NORM)
+        kr = tl.load(rec_base + r[:, None] * rec_node + V + o_k[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
         qr = _load_rows(q_base, r, mr, sq_n, o_k, mk, L2NORM) * scale
         vr = tl.load(v_base + r[:, None] * sv_n + o_v[None, :], mask=mr[:, None] & mv[None, :],
                      other=0.0).to(tl.float32)
-        gr = tl.load(gs_ptr + b * sg_b + r * sg_n + hv, mask=mr, other=0.0).to(tl.float32)
+        gr = tl.load(rec_base + r * rec_node + V + K, mask=mr, other=0.0)
         br = tl.load(beta_ptr + b * sbt_b + r * sbt_n + hv, mask=mr, other=0.0).to(tl.float32)
         eg = tl.exp(gr)
-        rhs = br[:, None] * (vr - eg[:, None] * tl.dot(kr, h0t, input_precision="ieee"))
-        acc = eg[:, None] * tl.dot(qr, h0t, input_precision="ieee")
+        rhs = br[:, None] * (vr - eg[:, None] * tl.dot(kr, h0t, input_precision=PREC))
+        acc = eg[:, None] * tl.dot(qr, h0t, input_precision=PREC)
         for jb in range(0, blk):  # the deltas of earlier blocks (ancestors only, by the mask)
             c = jb * BT + o_t
-            kc = _load_rows(k_base, c, c < N1, sk_n, o_k, mk, L2NORM)
+            kc = tl.load(rec_base + c[:, None] * rec_node + V + o_k[None, :], mask=mk[None, :], other=0.0)
             gc = tl.load(rec_base + c * rec_node + V + K)
             uc = tl.load(rec_base + c[:, None] * rec_node + o_v[None, :], mask=mv[None, :], other=0.0,
                          cache_modifier=".cg")
             m = tl.load(a_base + r[:, None] * sa_i + c[None, :], mask=mr[:, None], other=0)
-            dec = tl.where(m != 0, tl.exp(tl.minimum(gr[:, None] - gc[None, :], 0.0)), 0.0)
-            akk = tl.dot(kr, tl.trans(kc), input_precision="ieee") * dec * br[:, None]
-            rhs -= tl.dot(akk, uc, input_precision="ieee")
-            aqk = tl.dot(qr, tl.trans(kc), input_precision="ieee") * dec
-            acc += tl.dot(aqk, uc, input_precision="ieee")
-        # the block's own triangle: (I + A) u = rhs by forward substitution (A strictly lower: ancestors precede)
+            if tl.max(m) > 0:  # a block holding none of these nodes' ancestors adds nothing
+                dec = tl.where(m != 0, tl.exp(tl.minimum(gr[:, None] - gc[None, :], 0.0)), 0.0)
+                akk = tl.dot(kr, tl.trans(kc), input_precision=PREC) * dec * br[:, None]
+                rhs -= tl.dot(akk, uc, input_precision=PREC)
+                aqk = tl.dot(qr, tl.trans(kc), input_precision=PREC) * dec
+                acc += tl.dot(aqk, uc, input_precision=PREC)
+        # the block's own triangle: u = (I + A_blk)^-1 rhs, the inverse from _tree_gdn_tri_kernel
+        tri = tl.load(tri_ptr + (i_bh * NP + r[:, None]) * BT + o_t[None, :])
+        u = tl.dot(tri, rhs, input_precision=PREC)
         m = tl.load(a_base + r[:, None] * sa_i + r[None, :], mask=mr[:, None] & mr[None, :], other=0)
         dec = tl.where(m != 0, tl.exp(tl.minimum(gr[:, None] - gr[None, :], 0.0)), 0.0)
-        strict = o_t[:, None] > o_t[None, :]
-        akk = tl.dot(kr, tl.trans(kr), input_precision="ieee") * tl.where(strict, dec, 0.0) * br[:, None]
-        u = tl.zeros([BT, BV], dtype=tl.float32)
-        for t in tl.static_range(BT):
-            sel = o_t == t
-            a_row = tl.sum(tl.where(sel[:, None], akk, 0.0), 0)  # akk[t, :]
-            rhs_t = tl.sum(tl.where(sel[:, None], rhs, 0.0), 0)  # rhs[t, :]
-            u_t = rhs_t - tl.sum(a_row[:, None] * u, 0)
-            u = tl.where(sel[:, None], u_t[None, :], u)
-        aqk = tl.dot(qr, tl.trans(kr), input_precision="ieee") * dec
-        acc += tl.dot(aqk, u, input_precision="ieee")
+        aqk = tl.dot(qr, tl.trans(kr), input_precision=PREC) * dec
+        acc += tl.dot(aqk, u, input_precision=PREC)
         tl.store(o_ptr + b * so_b + r[:, None] * so_n + hv * so_h + o_v[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=mr[:, None] & mv[None, :])
         tl.store(rec_base + r[:, None] * rec_node + o_v[None, :], u, mask=mr[:, None] & mv[None, :])
-        if i_v == 0:
-            tl.store(rec_base + r[:, None] * rec_node + V + o_k[None, :], kr, mask=mr[:, None] & mk[None, :])
-            tl.store(rec_base + r * rec_node + V + K, gr, mask=mr)
         tl.debug_barrier()  # this program reads the block's records back in later blocks
 
 
+#: Launch configuration: ``prec`` the dots' input precision ("ieee": float32 FMA; "tf32x3": tensor cores, three
+#: products, float32-level accuracy), ``warps`` / ``bv`` the verify kernel's warps and V block (0 = by the batch),
+#: ``tri_warps`` the triangle kernel's warps. ``DDTREE_GDN_CHUNK`` ("prec=tf32x3,warps=4,bv=32") overrides any.
+#: Default from bench/results/gdn-chunk-sweep-h200.md: float32 FMA dots, 4 warps, V blocks of 64 were within 12 % of
+#: the fastest configuration at every shape swept (batch 1 / 16 x 17 / 65 nodes), and the fastest at batch 16.
+CONFIG = {"prec": "ieee", "warps": 4, "bv": 64, "tri_warps": 2}
+
+
+def _config() -> dict:
+    import os
+
+    cfg = dict(CONFIG)
+    for item in filter(None, os.environ.get("DDTREE_GDN_CHUNK", "").split(",")):
+        key, _, value = item.partition("=")
+        if key.strip() not in cfg:
+            raise ValueError(f"DDTREE_GDN_CHUNK: unknown key {key.strip()!r} (known: {', '.join(cfg)})")
+        cfg[key.strip()] = value.strip() if key.strip() == "prec" else int(value)
+    if cfg["prec"] not in ("ieee", "tf32x3", "tf32"):
+        raise ValueError(f"DDTREE_GDN_CHUNK: prec must be ieee, tf32x3 or tf32, got {cfg['prec']!r}")
+    return cfg
+
+
 def _pick_bv(batch: int, hv: int, vdim: int, on_cuda: bool) -> int:
-    """V blocks of 16 or 32 (tl.dot needs >= 16): 32 once that still gives about two programs per SM on an H200.
-    The CPU interpreter runs programs one after another, so there one block covers V."""
+    """The V block: ``CONFIG["bv"]`` (>= 16: tl.dot needs it); with 0, 32 once that still gives about two programs
+    per SM on an H200, else 16. The CPU interpreter runs programs one after another, so there one block covers V."""
     full = max(16, triton.next_power_of_2(vdim))
     if not on_cuda:
         return full
+    if _config()["bv"]:
+        return max(16, min(int(_config()["bv"]), full))
     bv = min(32, full)
     if bv > 16 and batch * hv * triton.cdiv(vdim, bv) < 264:
         bv = 16
@@ -143,19 +198,30 @@ def tree_gdn_chunk_triton(q, k, v, g, beta, anc, ssm_state, cache_slot, scale=No
     gsum = torch.bmm(anc.to(torch.float32), g.to(torch.float32))
     beta = beta if beta.stride(2) == 1 else beta.contiguous()
     o = torch.empty(batch, n1, hv, vdim, dtype=q.dtype, device=q.device)
+    cfg = _config()
+    prec = cfg["prec"] if q.is_cuda else "ieee"
     bk = max(16, triton.next_power_of_2(kdim))
     bv = _pick_bv(batch, hv, vdim, q.is_cuda)
+    nb = triton.cdiv(n1, BT)
+    tri = torch.empty(batch * hv, nb * BT, BT, dtype=torch.float32, device=q.device)
+    _tree_gdn_tri_kernel[(nb, batch * hv)](
+        k, gsum, beta, anc, tri, records,
+        k.stride(0), k.stride(1), k.stride(2), gsum.stride(0), gsum.stride(1), beta.stride(0), beta.stride(1),
+        anc.stride(0), anc.stride(1),
+        N1=n1, NP=nb * BT, H=heads, HV=hv, K=kdim, V=vdim, W=width, BT=BT, BK=bk, L2NORM=bool(use_qk_l2norm),
+        PREC=prec, num_warps=int(cfg["tri_warps"]),
+    )
     grid = (triton.cdiv(vdim, bv), batch * hv)
     _tree_gdn_chunk_kernel[grid](
-        q, k, v, gsum, beta, anc, cache_slot, ssm_state, o, records,
+        q, k, v, gsum, beta, anc, cache_slot, ssm_state, o, records, tri,
         float(scale),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         gsum.stride(0), gsum.stride(1), beta.stride(0), beta.stride(1), anc.stride(0), anc.stride(1),
         ssm_state.stride(0),
         o.stride(0), o.stride(1), o.stride(2),
-        N1=n1, H=heads, HV=hv, K=kdim, V=vdim, W=width, BT=BT, BK=bk, BV=bv, L2NORM=bool(use_qk_l2norm),
-        num_warps=4,
+        N1=n1, NP=nb * BT, H=heads, HV=hv, K=kdim, V=vdim, W=width, BT=BT, BK=bk, BV=bv,
+        L2NORM=bool(use_qk_l2norm), PREC=prec, num_warps=int(cfg["warps"]),
     )
     return o, records
 
