@@ -8,23 +8,27 @@ budget), and 0.5.17's chain layout of the conv scratch (one shared sliding windo
 So DDTree runs the layers' TARGET_VERIFY through the DDTree runtime's own kernels instead:
 
 * :meth:`TreeVerify.forward` (patch 0004 calls it from ``GDNAttnBackend.forward_extend`` in TARGET_VERIFY):
-  ``tree_causal_conv1d`` then ``tree_gated_delta_rule`` with per-request local parent indices, reading the
-  committed conv window / SSM state from the pool by the request's mamba slot and writing every node's window and
-  state where the base keeps its per-step intermediates (``intermediate_conv_window[0]`` / ``intermediate_ssm``,
-  row b = request b of the verify batch, step i = node i). Nothing in the pool is modified.
+  ``tree_causal_conv1d`` then the gated delta rule with per-request local parent indices, reading the committed
+  conv window / SSM state from the pool by the request's mamba slot and writing every node's window, and its
+  record (chunk form, the default: ``tree_gated_delta_rule_chunk``, V + K + 1 floats per value head) or its state
+  (``DDTREE_GDN_VERIFY=recurrent``: ``tree_gated_delta_rule``), where the base keeps its per-step intermediates
+  (``intermediate_conv_window[0]`` / ``intermediate_ssm``, row b = request b of the verify batch, step i = node i;
+  patch 0004 has the base allocate ``intermediate_ssm`` in the form's layout, :func:`intermediate_ssm_layout`).
+  Nothing in the pool is modified.
 * The parent indices live in one fixed buffer per backend (``TreeVerify.parent``), filled from the round's tree
   when the backend prepares the forward (``init_forward_metadata`` eagerly, ``init_forward_metadata_out_graph``
   before a CUDA-graph replay): the captured verify graph reads them in place. Rows of padded requests keep stale
   (still parent-before-child) or root-only (-1) rows; their results are never committed (slot -1).
 * :func:`commit` (patch 0004 calls it from the worker's ``_update_target_mamba_state_after_verify``): the accepted
-  node's state and window of every layer go into the request's slot in one launch
-  (``commit_tree_states_layers``), in place of the chain's scatter of step ``commit_lens - 1``; the base's
+  node's state (chunk form: rebuilt from the committed state and the path's records, ``commit_tree_records_layers``;
+  recurrent: copied, ``commit_tree_states_layers``) and window of every layer go into the request's slot, one
+  launch each, in place of the chain's scatter of step ``commit_lens - 1``; the base's
   prefix-cache tracking rule (which step along the committed path is saved into ``mamba_track_indices``, the
   ``extra_buffer`` strategy's track slot) is computed by the base as for the chain and mapped to the node on the
   path, then committed the same way.
 * :func:`target_problems` refuses at start-up what this does not cover, each with the reason, and
-  :func:`check_memory` (patch 0004 calls it where the base sizes the mamba pool) refuses a budget whose per-node
-  states do not fit, naming the largest that does.
+  :func:`check_memory_for_pool` (patch 0004 calls it where the base sizes the mamba pool) refuses a budget whose
+  per-node scratch does not fit, naming the largest that does, and returns the per-node bytes the base reserves.
 
 Compile cost does not grow with the budget: the conv kernel unrolls over the conv width only; the GDN kernel loops
 over the nodes (one compile per verify width, seconds).
