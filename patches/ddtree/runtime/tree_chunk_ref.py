@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree_recurrent_ref import MAX_TREE_NODES, _check_gdn_args, _gather_rows
+from .tree_recurrent_ref import MAX_TREE_NODES, _check_gdn_args, _gather_rows, qk_per_value_head
 
 
 def record_width(kdim: int, vdim: int) -> int:
@@ -30,6 +30,18 @@ def check_chunk_args(q, k, v, g, beta, anc, ssm_state, cache_slot):
     dims = _check_gdn_args(q, k, v, g, beta, anc[..., 0], ssm_state, cache_slot)
     _check_anc(anc, dims[0], dims[1])
     return dims
+
+
+def chunk_setup(q, k, v, g, beta, anc, ssm_state, cache_slot, scale, records):
+    """The checks both implementations share; ``(dims, records, scale)`` with the records allocated when None and
+    the scale defaulting to K**-0.5."""
+    dims = check_chunk_args(q, k, v, g, beta, anc, ssm_state, cache_slot)
+    batch, n1, _, hv, kdim, vdim = dims
+    width = record_width(kdim, vdim)
+    if records is None:
+        records = torch.empty(batch, n1, hv, width, dtype=torch.float32, device=q.device)
+    _check_records(records, batch, n1, hv, width)
+    return dims, records, kdim ** -0.5 if scale is None else scale
 
 
 # ------------------------------------------------------------------------------------------------ ancestors
@@ -64,21 +76,10 @@ def tree_gdn_chunk_torch(q, k, v, g, beta, anc, ssm_state, cache_slot, scale=Non
                          records=None):
     """Reference for :func:`.tree_chunk.tree_gated_delta_rule_chunk`: the chunk form as dense matrices (one
     unit-lower-triangular solve per request and value head)."""
-    batch, n1, heads, hv, kdim, vdim = check_chunk_args(q, k, v, g, beta, anc, ssm_state, cache_slot)
-    width = record_width(kdim, vdim)
-    if records is None:
-        records = torch.empty(batch, n1, hv, width, dtype=torch.float32, device=q.device)
-    _check_records(records, batch, n1, hv, width)
-    if scale is None:
-        scale = kdim ** -0.5
+    (batch, n1, heads, hv, kdim, vdim), records, scale = chunk_setup(q, k, v, g, beta, anc, ssm_state, cache_slot,
+                                                                     scale, records)
     cdt = torch.promote_types(q.dtype, torch.float32)
-    rep = hv // heads
-    qf = q.to(cdt).repeat_interleave(rep, dim=2)
-    kf = k.to(cdt).repeat_interleave(rep, dim=2)
-    if use_qk_l2norm:
-        qf = qf / torch.sqrt((qf * qf).sum(-1, keepdim=True) + 1e-6)
-        kf = kf / torch.sqrt((kf * kf).sum(-1, keepdim=True) + 1e-6)
-    qf = qf * scale
+    qf, kf = qk_per_value_head(q, k, hv, cdt, use_qk_l2norm, scale)
     m = anc.to(cdt)  # [B, N1, N1], self included
     gsum = torch.bmm(m, g.to(cdt))  # [B, N1, HV]: log decay from the committed state to each node
     # [B, HV, N1, *]

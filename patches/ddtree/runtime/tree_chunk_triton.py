@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree_chunk_ref import _check_commit, _check_records, check_chunk_args, record_width
+from .tree_chunk_ref import _check_commit, chunk_setup, record_width
 
 BT = 16  # nodes per block (tl.dot needs >= 16)
 
@@ -181,13 +181,9 @@ def _pick_bv(batch: int, hv: int, vdim: int, on_cuda: bool) -> int:
 
 def tree_gdn_chunk_triton(q, k, v, g, beta, anc, ssm_state, cache_slot, scale=None, use_qk_l2norm=False,
                           records=None):
-    batch, n1, heads, hv, kdim, vdim = check_chunk_args(q, k, v, g, beta, anc, ssm_state, cache_slot)
+    (batch, n1, heads, hv, kdim, vdim), records, scale = chunk_setup(q, k, v, g, beta, anc, ssm_state, cache_slot,
+                                                                     scale, records)
     width = record_width(kdim, vdim)
-    if records is None:
-        records = torch.empty(batch, n1, hv, width, dtype=torch.float32, device=q.device)
-    _check_records(records, batch, n1, hv, width)
-    if scale is None:
-        scale = kdim ** -0.5
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(3) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")

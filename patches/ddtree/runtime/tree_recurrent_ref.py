@@ -76,6 +76,18 @@ def _gather_rows(pool: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
     return rows * ok.view(-1, *([1] * (rows.dim() - 1))).to(rows.dtype)
 
 
+def qk_per_value_head(q, k, hv: int, cdt, l2norm: bool, scale: float):
+    """q, k [B, N1, H, K] -> [B, N1, HV, K] in ``cdt``: repeated per value head, optionally l2-normalised
+    (``x / sqrt(sum x^2 + 1e-6)``), q times ``scale``. Shared by the recurrent and the chunk references."""
+    rep = hv // q.shape[2]
+    qf = q.to(cdt).repeat_interleave(rep, dim=2)
+    kf = k.to(cdt).repeat_interleave(rep, dim=2)
+    if l2norm:
+        qf = qf / torch.sqrt((qf * qf).sum(-1, keepdim=True) + 1e-6)
+        kf = kf / torch.sqrt((kf * kf).sum(-1, keepdim=True) + 1e-6)
+    return qf * scale, kf
+
+
 def tree_causal_conv1d_torch(x, parent, conv_state, cache_slot, weight, bias=None, activation=None,
                              node_conv=None):
     """Reference for :func:`tree_causal_conv1d`: per node, walk K_conv-1 ancestors (vectorised over B, N1)."""
@@ -120,13 +132,7 @@ def tree_gated_delta_rule_torch(q, k, v, g, beta, parent, ssm_state, cache_slot,
     sdt = state_dtype or ssm_state.dtype
     if node_ssm is None:
         node_ssm = torch.empty(batch, n1, hv, vdim, kdim, dtype=sdt, device=q.device)
-    rep = hv // heads
-    qf = q.to(cdt).repeat_interleave(rep, dim=2)
-    kf = k.to(cdt).repeat_interleave(rep, dim=2)
-    if use_qk_l2norm:
-        qf = qf / torch.sqrt((qf * qf).sum(-1, keepdim=True) + 1e-6)
-        kf = kf / torch.sqrt((kf * kf).sum(-1, keepdim=True) + 1e-6)
-    qf = qf * scale
+    qf, kf = qk_per_value_head(q, k, hv, cdt, use_qk_l2norm, scale)
     vf, gf, bf = v.to(cdt), g.to(cdt), beta.to(cdt)
     h0 = _gather_rows(ssm_state, cache_slot).to(cdt)  # [B, HV, V, K]
     out = torch.empty(batch, n1, hv, vdim, dtype=q.dtype, device=q.device)
