@@ -27,8 +27,8 @@ A trial "held" when every check passed. Faults:
   sshd-restart[+guardian]   the host's sshd restarted during the probe; the guardian lives on (or dies with it)
   disk-after-switch[+cut]   the release root filled to the last byte once `current` moved (a failing release, so
                             the run rolls back on the full disk; or a cut, so the guardian does)
-  rollback-break-lock       `rollback --break-lock` while an apply probes a slow-starting release
-  hotfix-at-build           a replaced file edited on the host while the build is held at build:verified
+  rollback-break-lock       `rollback --break-lock` while an apply probes a slow-starting release (five moments)
+  hotfix-at-build           a replaced file edited on the host while the build is held at build:verified (five files)
   root-<spelling>   release_root spelt to resolve into the package on the host (lib64, a symlink, `..` after one,
                 a trailing slash, a symlinked entry): hosts check, snapshot and apply refuse it, the host unchanged
   flood, reply-<kind>, tar-<kind>, patchset-<kind>   hostile inputs: a host printing 200 MiB, malformed replies,
@@ -776,11 +776,12 @@ class FaultBench:
         trial.held = all(trial.checks.values())
         return trial
 
-    def hotfix_at_build(self) -> Trial:
-        """A hotfix to a file the overlay replaces lands while the build is held at build:verified (after the
-        host-side drift check): the switch's last look finds it, stops the deploy and names the file."""
+    def hotfix_at_build(self, which: int = 0) -> Trial:
+        """A hotfix to a file the overlay replaces (the ``which``-th, cycling) lands while the build is held at
+        build:verified (after the host-side drift check): the switch's last look finds it, stops the deploy and
+        names the file."""
         variant = self.next_variant()
-        path = self.replaced[0]
+        path = self.replaced[which % len(self.replaced)]
         local = self._local(self.host, f"{self.host.site_packages}/{path}")
         backup = self.work / "hotfix-backup"
         said: dict[str, str] = {}
@@ -797,7 +798,8 @@ class FaultBench:
             said["text"] = run.text
             return code, run.text, False
 
-        trial = self.trial("hotfix-at-build", "build:verified", fault, rerun=self._rerun(variant))
+        trial = self.trial("hotfix-at-build", f"build:verified ({path.rsplit('/', 1)[-1]})", fault,
+                           rerun=self._rerun(variant))
         text = said.get("text", "")
         trial.checks["refused-naming-file"] = trial.exit_code == 1 and path in text and "changed after release" in text
         trial.held = all(trial.checks.values())
@@ -1197,6 +1199,10 @@ DISK_FREE = [0, 16 << 10, 256 << 10, 4 << 20]
 GUARDIAN_POINTS = ["build:linked", "switch:pending", "server:restart", "startup+0.3", "generation+0", "finish:start"]
 SSHD_POINTS = ["server:restart", "startup+0.3", "generation+0"]
 DISK_AFTER_POINTS = ["switch:flipped", "server:restart", "startup+0"]
+#: `rollback --break-lock` while the slow release (SLOW_START s) is probed; a hotfix to each of the first files the
+#: overlay replaces while the build is held at build:verified.
+BREAK_LOCK_POINTS = ["restart+0.2", "restart+0.5", "restart+2", "restart+5", "restart+9"]
+HOTFIX_FILES = 5
 SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
     "cut": ["switch:pending", "generation+0"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
     "guardian": ["startup+0.3", "finish:start"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
@@ -1236,9 +1242,10 @@ def run_suite(bench: FaultBench, trials: int, cases: set[str] | None = None, sho
         points = SHORT["disk-after"] if short else DISK_AFTER_POINTS
         out += [bench.disk_full_after_switch(p, cut=c) for _ in range(each) for c in (False, True) for p in points]
     if want("break-lock"):
-        out += [bench.break_lock_mid_probe() for _ in range(each)]
+        points = ["restart+0.5"] if short else BREAK_LOCK_POINTS
+        out += [bench.break_lock_mid_probe(p) for _ in range(each) for p in points]
     if want("hotfix"):
-        out += [bench.hotfix_at_build() for _ in range(each)]
+        out += [bench.hotfix_at_build(i) for _ in range(each) for i in range(1 if short else HOTFIX_FILES)]
     bench.teardown_disk()
     out += run_hostile(bench, each, short, want)
     return out
