@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import OperationFailed
 from .inventory import Host
+from .launch_check import check_launch_line
 
 if TYPE_CHECKING:
     from .probe import Prober
@@ -33,6 +34,8 @@ def record_baseline(prober: Prober, ctl: ServerControl, *, ddtree: bool = False)
     if not prompts:
         raise OperationFailed(f"{host.source}: probe.prompts is empty; nothing to record")
     active = conn.call("release", "show", root=host.release_root)["state"]["active"]
+    # the line this restart starts, parsed by the SGLang it runs, before anything is stopped (launch_check)
+    check_launch_line(conn, host, active, ddtree=ddtree)
     ctl.restart(release=active, ddtree=ddtree)
     try:
         start = prober.startup(active if ddtree else None)

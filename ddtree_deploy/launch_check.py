@@ -7,7 +7,8 @@ is parsed on the host by that release's own ``ServerArgs`` parser (``ServerArgs.
 does no GPU work. A flag the release does not know (a typo, a flag a newer SGLang removed) or a value it refuses
 stops the deploy there, naming the flag and, for the known renames, the new spelling, while the old server keeps
 serving. A command that does not start SGLang's own entry point (``-m sglang.launch_server``, ``sglang serve``)
-is not parsed, and says so.
+is not parsed, and says so. The baseline restart (``baseline.record_baseline``: DDTree off, the active release or
+the installed SGLang) is checked the same way before it stops anything.
 """
 
 from __future__ import annotations
@@ -61,21 +62,28 @@ def launch_argv(command: str) -> list[str] | None:
     return None
 
 
-def check_launch_line(conn: Any, host: Any, release_id: str, *, timeout: float = 180.0) -> dict[str, Any]:
-    """Parse the launch line with release ``release_id``'s ServerArgs on the host; InputError (exit 2) on a flag or
-    value it refuses. Returns what was checked (``checked`` False, with why, when there is nothing to parse)."""
+def check_launch_line(conn: Any, host: Any, release_id: str | None, *, ddtree: bool = True,
+                      timeout: float = 180.0) -> dict[str, Any]:
+    """Parse the launch line with release ``release_id``'s ServerArgs on the host (None: the installed SGLang, with
+    DDTree's flags left out when ``ddtree`` is False, as the baseline restart starts it); InputError (exit 2) on a
+    flag or value it refuses. Returns what was checked (``checked`` False, with why, when there is nothing to
+    parse)."""
     from .server import launch_command, server_env
 
     if not host.server.get("command"):
         return {"checked": False, "why": "no server.command (the systemd unit's own ExecStart is not read)"}
-    command = launch_command(host, ddtree=True)
+    command = launch_command(host, ddtree=ddtree)
     argv = launch_argv(command)
     if argv is None:
         return {"checked": False, "why": "server.command does not start sglang.launch_server / sglang serve"}
-    release = f"{host.release_root.rstrip('/')}/releases/{release_id}"
     env = server_env(host)  # the server's environment (remote/_frame.server_env), the release first on the path
     rest = env.pop("PYTHONPATH", "")
-    path = shlex.quote(f"{release}:{rest}") if rest else shlex.quote(release) + '"${PYTHONPATH:+:$PYTHONPATH}"'
+    if release_id is None:
+        path = shlex.quote(rest) if rest else '"${PYTHONPATH:-}"'
+    else:
+        release = f"{host.release_root.rstrip('/')}/releases/{release_id}"
+        path = shlex.quote(f"{release}:{rest}") if rest else shlex.quote(release) + '"${PYTHONPATH:+:$PYTHONPATH}"'
+    which = "the installed sglang" if release_id is None else f"release {release_id}"
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     script = (f"env {assigns} PYTHONPATH={path} {shlex.quote(host.python)} -c {shlex.quote(_PARSE)} "
               f"{shlex.quote(json.dumps(argv))}")
@@ -83,9 +91,9 @@ def check_launch_line(conn: Any, host: Any, release_id: str, *, timeout: float =
     line = next((ln for ln in res.stdout.decode(errors="replace").splitlines() if ln.startswith(MARK)), None)
     if line is None:
         tail = (res.stderr or res.stdout).decode(errors="replace").strip()[-800:]
-        raise OperationFailed(f"host {host.name}: could not parse the launch line with release {release_id}'s "
+        raise OperationFailed(f"host {host.name}: could not parse the launch line with {which}'s "
                               f"ServerArgs (exit {res.exit_code}): {tail}",
-                              hint="the release does not import sglang.srt.server_args; nothing was switched")
+                              hint=f"{which} does not import sglang.srt.server_args; nothing was switched")
     got = json.loads(line[len(MARK):])
     flags = [a.split("=", 1)[0] for a in got.get("unknown", []) if a.startswith("-")]
     problems = [f"{f} (renamed {RENAMED[f][0]} in SGLang {RENAMED[f][1]})" if f in RENAMED else f for f in flags]
@@ -97,8 +105,9 @@ def check_launch_line(conn: Any, host: Any, release_id: str, *, timeout: float =
         if stray and not problems:
             what = "; ".join(x for x in (what, "arguments it does not take: " + " ".join(stray)) if x)
         renames = [f"{f} -> {RENAMED[f][0]}" for f in flags if f in RENAMED]
+        unused = "nothing was restarted" if release_id is None else f"release {release_id} is not used"
         raise InputError(f"{host.source}: field 'server.command': {what}; the server would not start, so nothing "
-                         f"was switched (release {release_id} is not used)",
+                         f"was switched ({unused})",
                          hint=("rename " + ", ".join(renames) + " in the host file") if renames
                          else "fix the flag in the host file (or server.ddtree_flags) and apply again")
     return {"checked": True, "version": got["version"], "args": len(argv)}
