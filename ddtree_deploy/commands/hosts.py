@@ -9,9 +9,10 @@ from typing import Any, Optional
 import typer
 
 from .. import hostpaths, paths
+from ..launch_check import check_launch_line
 from ..cli_errors import Group
 from ..console import emit_json, out, table
-from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError
+from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError, InputError
 from ..inventory import Host, host_file_schema, scan_inventory
 from ..transport import HostConnection
 from ._options import HostsArg, HostsOpt, InventoryOpt, JsonOpt, LimitOpt, many_hosts
@@ -77,9 +78,11 @@ def check_cmd(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Connect to each host and report its Python and installed SGLang version, and resolve its paths there (exit 3 if
-    one is unreachable, 2 if a host file is bad, or its release_root resolves into site-packages or the package).
-    Hosts: HOST... / -H PATTERN / --limit PATTERN; default: every usable host."""
+    """Connect to each host and report its Python and installed SGLang version, resolve its paths there, and parse
+    its server's launch line with the SGLang it runs (the active release's, DDTree flags included, or the installed
+    one's without them), as `apply` does before a restart (exit 3 if one is unreachable, 2 if a host file is bad, its
+    release_root resolves into site-packages or the package, or its launch line has a flag that SGLang does not
+    take). Hosts: HOST... / -H PATTERN / --limit PATTERN; default: every usable host."""
     selected, unusable = many_hosts(names, host_opts, limit, False, inventory, default_all=True)
     if not selected and not unusable:
         if as_json:
@@ -93,7 +96,12 @@ def check_cmd(
             with HostConnection(host) as conn:
                 info = conn.call("hostinfo", "check", site_packages=host.site_packages, release_root=host.release_root,
                                  interpreter=host.python, timeout=host.connect_timeout * 6)
-            wrong = hostpaths.problems(host, info["paths"])
+                wrong = hostpaths.problems(host, info["paths"])
+                if not wrong and info.get("sglang_dir_exists"):
+                    try:
+                        info["launch"] = _launch_line(conn, host)
+                    except InputError as exc:  # the host answers; its launch line would not start the server
+                        wrong = [str(exc).removeprefix(f"{host.source}: ")]
             if wrong:
                 worst = max(worst, EXIT_USAGE)
                 rows.append({"host": host.name, "ok": False, **info, "error": f"{host.source}: " + "; ".join(wrong)})
@@ -110,9 +118,25 @@ def check_cmd(
     else:
         out.print(table("host check", ["host", "ok", "python", "sglang", "detail"], [
             [r["host"], "yes" if r["ok"] else "NO", r.get("python"), r.get("sglang"),
-             r.get("error") or ("" if r.get("sglang_dir_exists") else "no sglang in site_packages")] for r in rows]))
+             r.get("error") or (_launch_detail(r) if r.get("sglang_dir_exists") else "no sglang in site_packages")]
+            for r in rows]))
     if worst:
         raise typer.Exit(worst)
+
+
+def _launch_line(conn: HostConnection, host: Host) -> dict[str, Any]:
+    """The launch check against what the server would run now (InputError when the line has a flag it refuses)."""
+    active = conn.call("release", "show", root=host.release_root)["state"]["active"]
+    return {**check_launch_line(conn, host, active, ddtree=active is not None), "release": active}
+
+
+def _launch_detail(row: dict[str, Any]) -> str:
+    lc = row.get("launch") or {}
+    if not lc:
+        return ""
+    if lc.get("checked"):
+        return f"launch line parsed by sglang {lc.get('version')} ({lc.get('release') or 'installed'})"
+    return f"launch line not parsed: {lc.get('why')}"
 
 
 def schema_text() -> str:

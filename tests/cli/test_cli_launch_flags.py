@@ -10,6 +10,7 @@ baseline restart started the server with the removed flag and reported only that
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -60,6 +61,16 @@ def _state(host_file: Path) -> tuple[dict, dict]:
     host = load_host_file(host_file)
     with HostConnection(host) as conn:
         return ReleaseManager(conn).show(), ServerControl(conn).status()
+
+
+def test_hosts_check_names_the_removed_flag(box) -> None:
+    run, host_file = box
+    p = run("hosts", "check", NAME, "--json")
+    assert p.returncode == 2, (p.stdout + p.stderr)[-3000:]
+    (row,) = json.loads(p.stdout)
+    assert not row["ok"] and row["sglang"] == "0.5.20", row
+    assert "--mamba-scheduler-strategy (renamed --mamba-radix-cache-strategy in SGLang 0.5.20)" in row["error"], row
+    assert row["error"].startswith(f"{host_file}: field 'server.command'"), row
 
 
 def test_removed_flag_stops_the_deploy_before_the_switch(box) -> None:
