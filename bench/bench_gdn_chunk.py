@@ -77,23 +77,9 @@ def main() -> int:
                 if time.time() - t_start > args.budget_s:
                     meta["truncated"] = f"stopped after {args.budget_s} s"
                     break
-                if kind == "chain":
-                    parent = torch.tensor([[-1] + list(range(n1 - 1))] * batch, dtype=torch.int32)
-                else:
-                    logits = torch.randn(batch, 15, 256, generator=gen) * 3.0
-                    lp, tok = rt.draft_topk(logits, min(n1 - 1, 256), impl="torch")
-                    parent = rt.build_tree(lp, tok, torch.randint(0, 256, (batch,), generator=gen), n1 - 1,
-                                           impl="torch").parent
-                slots = batch + 2
+                pc, q, k, v, g, beta, pool, slot = inputs(rt, kind, batch, n1, (hk, hv, kd, vd), dev, gen)
+                slots = pool.shape[1]
                 bf = torch.bfloat16
-                q = torch.randn(batch, n1, hk, kd, device=dev, dtype=bf)
-                k = torch.randn(batch, n1, hk, kd, device=dev, dtype=bf)
-                v = torch.randn(batch, n1, hv, vd, device=dev, dtype=bf)
-                g = -torch.rand(batch, n1, hv, device=dev) * 0.3
-                beta = torch.rand(batch, n1, hv, device=dev)
-                pool = torch.randn(1, slots, hv, vd, kd, device=dev) * 0.1
-                slot = torch.randperm(slots)[:batch].to(dev).to(torch.int32)
-                pc = parent.to(dev)
                 anc = tc.tree_ancestors(pc)
                 node_ssm = torch.empty(1, batch, n1, hv, vd, kd, device=dev)
                 records = torch.empty(1, batch, n1, hv, rt.record_width(kd, vd), device=dev)
@@ -159,6 +145,30 @@ def main() -> int:
     return 0
 
 
+def inputs(rt, kind: str, batch: int, n1: int, heads: tuple, dev, gen) -> tuple:
+    """One configuration's tree and GDN inputs: parents on ``dev`` (``chain``: parents i-1; ``ddtree``: the runtime's
+    builder on random draft logits, depth <= 15), bf16 q / k / v, decays and betas, a one-layer state pool
+    [1, batch + 2, HV, V, K] and the requests' distinct slots."""
+    import torch
+
+    hk, hv, kd, vd = heads
+    if kind == "chain":
+        parent = torch.tensor([[-1] + list(range(n1 - 1))] * batch, dtype=torch.int32)
+    else:
+        logits = torch.randn(batch, 15, 256, generator=gen) * 3.0
+        lp, tok = rt.draft_topk(logits, min(n1 - 1, 256), impl="torch")
+        parent = rt.build_tree(lp, tok, torch.randint(0, 256, (batch,), generator=gen), n1 - 1, impl="torch").parent
+    bf = torch.bfloat16
+    q = torch.randn(batch, n1, hk, kd, device=dev, dtype=bf)
+    k = torch.randn(batch, n1, hk, kd, device=dev, dtype=bf)
+    v = torch.randn(batch, n1, hv, vd, device=dev, dtype=bf)
+    g = -torch.rand(batch, n1, hv, device=dev) * 0.3
+    beta = torch.rand(batch, n1, hv, device=dev)
+    pool = torch.randn(1, batch + 2, hv, vd, kd, device=dev) * 0.1
+    slot = torch.randperm(batch + 2)[:batch].to(dev).to(torch.int32)
+    return parent.to(dev), q, k, v, g, beta, pool, slot
+
+
 def sweep(args, rt, tr, tc, dev, heads, gen, name, meta) -> int:
     """Every launch configuration at bs 1/16 x N1 17/65 (real DDTree trees): the chunk verify's microseconds, and
     its parts (the decay matmul, the triangle kernel) for the default configuration."""
@@ -176,18 +186,8 @@ def sweep(args, rt, tr, tc, dev, heads, gen, name, meta) -> int:
         lambda fn: tt.do_bench_cudagraph(fn, rep=25, return_mode="median") * 1e3)
     rows, t_start = [], time.time()
     for batch, n1 in shapes:
-        logits = torch.randn(batch, 15, 256, generator=gen) * 3.0
-        lp, tok = rt.draft_topk(logits, min(n1 - 1, 256), impl="torch")
-        parent = rt.build_tree(lp, tok, torch.randint(0, 256, (batch,), generator=gen), n1 - 1, impl="torch").parent
-        bf = torch.bfloat16
-        q = torch.randn(batch, n1, hk, kd, device=dev, dtype=bf)
-        k = torch.randn(batch, n1, hk, kd, device=dev, dtype=bf)
-        v = torch.randn(batch, n1, hv, vd, device=dev, dtype=bf)
-        g = -torch.rand(batch, n1, hv, device=dev) * 0.3
-        beta = torch.rand(batch, n1, hv, device=dev)
-        pool = torch.randn(batch + 2, hv, vd, kd, device=dev) * 0.1
-        slot = torch.arange(batch, device=dev, dtype=torch.int32)
-        pc = parent.to(dev)
+        pc, q, k, v, g, beta, pools, slot = inputs(rt, "ddtree", batch, n1, heads, dev, gen)
+        pool = pools[0]
         anc = tc.tree_ancestors(pc)
         records = torch.empty(batch, n1, hv, rt.record_width(kd, vd), device=dev)
         node_ssm = torch.empty(batch, n1, hv, vd, kd, device=dev)

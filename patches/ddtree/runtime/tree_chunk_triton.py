@@ -19,6 +19,8 @@ No host synchronisation, fixed shapes: every launch can be captured in a CUDA gr
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -152,27 +154,33 @@ CONFIG = {"prec": "ieee", "warps": 4, "bv": 64, "tri_warps": 2}
 
 
 def _config() -> dict:
+    """CONFIG with ``DDTREE_GDN_CHUNK`` applied; parsed once per distinct value (every GDN layer of every round asks)."""
     import os
 
-    cfg = dict(CONFIG)
-    for item in filter(None, os.environ.get("DDTREE_GDN_CHUNK", "").split(",")):
+    return dict(_parse_config(os.environ.get("DDTREE_GDN_CHUNK", ""), tuple(sorted(CONFIG.items()))))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_config(text: str, defaults: tuple) -> tuple:
+    cfg = dict(defaults)
+    for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key.strip() not in cfg:
             raise ValueError(f"DDTREE_GDN_CHUNK: unknown key {key.strip()!r} (known: {', '.join(cfg)})")
         cfg[key.strip()] = value.strip() if key.strip() == "prec" else int(value)
     if cfg["prec"] not in ("ieee", "tf32x3", "tf32"):
         raise ValueError(f"DDTREE_GDN_CHUNK: prec must be ieee, tf32x3 or tf32, got {cfg['prec']!r}")
-    return cfg
+    return tuple(cfg.items())
 
 
-def _pick_bv(batch: int, hv: int, vdim: int, on_cuda: bool) -> int:
+def _pick_bv(batch: int, hv: int, vdim: int, on_cuda: bool, cfg: dict) -> int:
     """The V block: ``CONFIG["bv"]`` (>= 16: tl.dot needs it); with 0, 32 once that still gives about two programs
     per SM on an H200, else 16. The CPU interpreter runs programs one after another, so there one block covers V."""
     full = max(16, triton.next_power_of_2(vdim))
     if not on_cuda:
         return full
-    if _config()["bv"]:
-        return max(16, min(int(_config()["bv"]), full))
+    if cfg["bv"]:
+        return max(16, min(int(cfg["bv"]), full))
     bv = min(32, full)
     if bv > 16 and batch * hv * triton.cdiv(vdim, bv) < 264:
         bv = 16
@@ -190,14 +198,15 @@ def tree_gdn_chunk_triton(q, k, v, g, beta, anc, ssm_state, cache_slot, scale=No
     if tuple(ssm_state.stride()[1:]) != (vdim * kdim, kdim, 1):
         raise ValueError("ssm_state must be contiguous inside a slot ([HV, V, K])")
     anc = anc if anc.stride(2) == 1 else anc.contiguous()
-    # the path log decay of every node (sum of g over its ancestors and itself): one small batched matmul
-    gsum = torch.bmm(anc.to(torch.float32), g.to(torch.float32))
+    # the path log decay of every node (sum of g over its ancestors and itself): one small batched matmul (a float32
+    # mask, as TreeVerify keeps it for the round, is used as it is; the kernels read either dtype)
+    gsum = torch.bmm(anc if anc.dtype == torch.float32 else anc.to(torch.float32), g.to(torch.float32))
     beta = beta if beta.stride(2) == 1 else beta.contiguous()
     o = torch.empty(batch, n1, hv, vdim, dtype=q.dtype, device=q.device)
     cfg = _config()
     prec = cfg["prec"] if q.is_cuda else "ieee"
     bk = max(16, triton.next_power_of_2(kdim))
-    bv = _pick_bv(batch, hv, vdim, q.is_cuda)
+    bv = _pick_bv(batch, hv, vdim, q.is_cuda, cfg)
     nb = triton.cdiv(n1, BT)
     tri = torch.empty(batch * hv, nb * BT, BT, dtype=torch.float32, device=q.device)
     _tree_gdn_tri_kernel[(nb, batch * hv)](

@@ -119,8 +119,9 @@ class TreeVerify:
         self.n1 = int(n1)
         self.mode = mode
         self.parent = torch.full((int(rows), self.n1), -1, dtype=torch.int32, device=device)
-        # chunk form: the ancestor mask of every row, refreshed with the parents (one per round for all layers)
-        self.anc = _rt().tree_ancestors(self.parent) if mode == "chunk" else None
+        # chunk form: the ancestor mask of every row, refreshed with the parents (one per round for all layers), kept
+        # in float32 so that no layer converts it again for its decay matmul
+        self.anc = _rt().tree_ancestors(self.parent).to(torch.float32) if mode == "chunk" else None
 
     @classmethod
     def attach(cls, backend: Any, model_runner: Any) -> Optional["TreeVerify"]:
