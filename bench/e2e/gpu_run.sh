@@ -2,8 +2,8 @@
 # On the GPU host: install the offline SGLang bundle, lay the DDTree overlay over a copy of it, make the
 # models the configurations need, run the e2e configurations and write the report + logs under $OUT.
 # Usage (repo root: the harness runs as `python3 -m bench.e2e.*` from there; the overlay is the product's: `ddtree-deploy patchset build ddtree --base sglang==BASE --out DIR`;
-# E2E_BASE=0.5.11 (default): bundle in .e2e/, overlay in .e2e/overlay/; E2E_BASE=0.5.17: bundle in
-# .e2e17/, overlay in .e2e17/overlay/ made by `ddtree-deploy patchset build ddtree --base sglang==0.5.17 --out ...`):
+# E2E_BASE=0.5.11 (default): bundle in .e2e/, overlay in .e2e/overlay/; E2E_BASE=0.5.N (N >= 17): bundle in
+# .e2eN/, overlay in .e2eN/overlay/ made by `ddtree-deploy patchset build ddtree --base sglang==0.5.N --out ...`):
 #   bash bench/e2e/gpu_run.sh TAG PARALLEL_CONFIGS [SEQUENTIAL_CONFIGS]
 # PARALLEL_CONFIGS run several Engine processes at once (correctness, acceptance); SEQUENTIAL_CONFIGS run one at a
 # time afterwards (anything timed).
@@ -21,7 +21,7 @@
 set -u
 TAG=$1; CONFIGS=$2; SEQ=${3:-}
 export E2E_BASE=${E2E_BASE:-0.5.11}
-if [ "$E2E_BASE" = 0.5.11 ]; then B=$PWD/.e2e; else B=$PWD/.e2e17; fi
+if [ "$E2E_BASE" = 0.5.11 ]; then B=$PWD/.e2e; else B=$PWD/.e2e${E2E_BASE##*.}; fi
 OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 export E2E_MODELS=${E2E_MODELS:-/tmp/models}; M=$E2E_MODELS  # where the models are made; the driver reads them there
