@@ -34,6 +34,7 @@
 #   bash bench/e2e/hybrid17.sh TAG q36b       # one GPU: b64, b128 at the 27B shape (profiled)
 #   bash bench/e2e/hybrid17.sh TAG q36t1      # one GPU: chain (p1), b16, b32 (8 reps, no profiler)
 #   bash bench/e2e/hybrid17.sh TAG q36t2      # one GPU: b64, b128, chain (p2)
+#   bash bench/e2e/hybrid17.sh TAG q36c       # one GPU: chain, b16, b64 (8 reps, no profiler): the done-when trio in one command
 #   bash bench/e2e/hybrid17.sh TAG prof36     # one GPU: the controlled pair, chain, b16, b64
 # then: python -m bench.e2e.report hybrid17 bench/results/hybrid-0.5.17-h200 $OUT/*-raw.tgz
 # E2E_DRY_RUN=1 runs the flow on CPU with stand-in engines (gpu_run.sh); E2E_DRY_SGLANG=PYTHONPATH (a patched tree and its
@@ -48,6 +49,7 @@ Q36A=q36-chain-graph-mrr16-prof,q36-ddtree-b16-graph-mrr16-prof,q36-ddtree-b32-g
 Q36B=q36-ddtree-b64-graph-mrr4-prof,q36-ddtree-b128-graph-mrr1-prof
 Q36T1=q36-chain-graph-mrr16-p1,q36-ddtree-b16-graph-mrr16,q36-ddtree-b32-graph-mrr16
 Q36T2=q36-ddtree-b64-graph-mrr16,q36-ddtree-b128-graph-mrr16,q36-chain-graph-mrr16-p2
+Q36C=q36-chain-graph-mrr16-p1,q36-ddtree-b16-graph-mrr16,q36-ddtree-b64-graph-mrr16
 PROF36=prof36-chain-graph-mrr16,prof36-ddtree-b16-graph-mrr16,prof36-ddtree-b64-graph-mrr4
 export E2E_BASE=0.5.17 E2E_SPEED_BATCHES=${E2E_SPEED_BATCHES:-1,8,16} E2E_SPEED_TOKENS=${E2E_SPEED_TOKENS:-64}
 export E2E_SPEED_PROMPT_LEN=${E2E_SPEED_PROMPT_LEN:-512} E2E_PROF_BATCHES=${E2E_PROF_BATCHES:-1,8,16}
@@ -63,8 +65,9 @@ case "$PART" in
   q36b) CONFIGS=$Q36B; SEQUENTIAL=1 ;;
   q36t1) CONFIGS=$Q36T1; SEQUENTIAL=1; export E2E_SPEED_REPS=${E2E_SPEED_REPS:-8} ;;
   q36t2) CONFIGS=$Q36T2; SEQUENTIAL=1; export E2E_SPEED_REPS=${E2E_SPEED_REPS:-8} ;;
+  q36c) CONFIGS=$Q36C; SEQUENTIAL=1; export E2E_SPEED_REPS=${E2E_SPEED_REPS:-8} ;;
   prof36) CONFIGS=$PROF36; SEQUENTIAL=1; export E2E_SPEED_REPS=${E2E_SPEED_REPS:-8} ;;
-  *) echo "part must be all, lossless, ard, chunk, gputests, q36a, q36b, q36t1, q36t2 or prof36, got $PART" >&2; exit 2 ;;
+  *) echo "part must be all, lossless, ard, chunk, gputests, q36a, q36b, q36t1, q36t2, q36c or prof36, got $PART" >&2; exit 2 ;;
 esac
 if [ "$PART" = gputests ]; then
   OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"

@@ -483,15 +483,19 @@ def merge_raws(raws: list[Path]) -> Path:
 
 
 def spec_v2(argv: list[str]) -> int:
-    """The SGLang 0.5.17 (spec-v2) proof, from the H200 runs' raw results."""
+    """The SGLang 0.5.17 (spec-v2) proof, from the H200 runs' raw results (``--base 0.5.N`` for another spec-v2 base:
+    the run's E2E_BASE, named in the title and the commands)."""
+    base = "0.5.17"
+    if argv[:1] == ["--base"] and len(argv) > 1:
+        base, argv = argv[1], argv[2:]
     if len(argv) not in (4, 5):
-        raise SystemExit("usage: python -m bench.e2e.report spec-v2 CORRECTNESS_RAW SPEED_RAW EXPECTED_JSON OUT_STEM "
-                         "[APPLY_TRANSCRIPT_JSON]")
+        raise SystemExit("usage: python -m bench.e2e.report spec-v2 [--base 0.5.N] CORRECTNESS_RAW SPEED_RAW "
+                         "EXPECTED_JSON OUT_STEM [APPLY_TRANSCRIPT_JSON]")
     correct, speed, expected, stem = (Path(a) for a in argv[:4])
     merged = merge_raws([correct, speed])  # the speed run's re-runs win
     rep = Path(tempfile.mkdtemp())
     (rep / "expected-acceptance.json").write_text(expected.read_text())  # report() reads it beside its result
-    summary = driver.report(merged, rep / "summary", base="0.5.17")  # 0.5.17's acceptance accounting
+    summary = driver.report(merged, rep / "summary", base=base)  # spec-v2's acceptance accounting
     raw = open_raw(correct)
     rs = load_results(merged)
     t_fit = chisq.analyse(rs, raw / "models" / "agree-qwen3")
@@ -516,12 +520,12 @@ def spec_v2(argv: list[str]) -> int:
     out = {"lossless": {"vs_plain": summary["lossless"], "vs_chain": summary["vs_chain"],
                         "t_fit": t_fit, "replay": summary.get("replay", {}), "sync_check": sync,
                         "configs": summary["configs"], "acceptance": summary["acceptance"]},
-           "speed-8b": speed_rows}
+           "speed-8b": speed_rows, "base": base}
     if len(argv) == 5:
         out["apply-transcript"] = json.loads(Path(argv[4]).read_text())
     out_json, out_md = result_paths(stem)
     out_json.write_text(json.dumps(out, indent=1) + "\n")
-    out_md.write_text(render_v2(out, argv) + "\n")
+    out_md.write_text(render_v2(out, argv if base == "0.5.17" else ["--base", base, *argv]) + "\n")
     print(out_md.read_text())
     return 0
 
@@ -529,10 +533,11 @@ def spec_v2(argv: list[str]) -> int:
 def render_v2(out: dict, argv: list[str]) -> str:
     ll = out["lossless"]
     ddt = sorted(n for n in ll["configs"] if "-ddtree-" in n and not n.startswith("q8b"))
-    lines = ["# DDTree on SGLang 0.5.17 (spec-v2 DFlashWorkerV2), H200", "",
+    base = out.get("base", "0.5.17")
+    lines = [f"# DDTree on SGLang {base} (spec-v2 DFlashWorkerV2), H200", "",
              f"Reproduce: `python -m bench.e2e.report spec-v2 {' '.join(argv)}` (the raw tarballs come from "
-             "`E2E_BASE=0.5.17 bash bench/e2e/gpu_run.sh TAG CONFIGS [SEQ]` on the device; commands in the README of "
-             "patches/ddtree/sglang-0.5.17).", "",
+             f"`E2E_BASE={base} bash bench/e2e/gpu_run.sh TAG CONFIGS [SEQ]` on the device; commands in the README of "
+             f"patches/ddtree/sglang-{base}).", "",
              "Models: `agree` (a tiny Qwen3 target with a known greedy cycle and a DFlash drafter, block 8, whose top-4 "
              "always holds the target's token but whose top-1 is right a quarter of the time), `rand` (tiny random "
              "target + drafter, block 4), `q8b` (Qwen3-8B shape + z-lab b16 drafter shape, random weights). "
@@ -557,7 +562,7 @@ def render_v2(out: dict, argv: list[str]) -> str:
               "TARGET_VERIFY (extend) kernels, plain decoding its decode kernels, and random bf16 models have "
               "near-tied logits that the two round differently (the 0.5.11 proof measured the same kind of ties).", "",
               "Acceptance against the runtime-only replay (`expected_acceptance.py`: the same tree build and walk "
-              "in plain torch on the agree models' known distributions; 0.5.17 counts every draft the last round "
+              f"in plain torch on the agree models' known distributions; {base} counts every draft the last round "
               "accepted):", "", "| config | measured accepted/round | replay | equal |", "|---|---|---|---|"]
     for n, v in sorted(ll["replay"].items()):
         lines.append(f"| {n} | {v['measured']} | {v['replay']} | {v['equal']} |")
@@ -591,7 +596,7 @@ def render_v2(out: dict, argv: list[str]) -> str:
         t = out["apply-transcript"]
         lines += ["", "## apply-transcript", "",
                   "ddtree-deploy itself, on the GPU machine as a `connection: local` host, deploying onto the real "
-                  f"SGLang 0.5.17 installed there (server: the real `sglang.launch_server`, agree models, DDTree b15, "
+                  f"SGLang {base} installed there (server: the real `sglang.launch_server`, agree models, DDTree b15, "
                   f"CUDA graphs), then a broken overlay that must be rolled back (`bash bench/e2e/apply_on_gpu.sh`; "
                   f"{t['total_seconds']} s in all). Every step exited as expected: {t['all_as_expected']}; the "
                   f"installed package byte-identical afterwards: {t['installed_package_unchanged']}.", "",
@@ -739,7 +744,7 @@ Q36_ORDER = ("chain", 16, 32, 64, 128)
 #: the Qwen3.6-27B-shape model sets: random weights (round cost) and the controlled acceptance profile (tok/s)
 Q36_MODELSETS = ("q36", "prof36")
 CONTROLLED = ("prof36",)
-FITS = re.compile(r"DDTree hybrid: budget (\d+) fits .*\(largest that fits: (-?\d+) at (\d+) max running requests\)")
+FITS = re.compile(r"DDTree hybrid(?: \([^)]*\))?: budget (\d+) fits .*\(largest that fits: (-?\d+) at (\d+) max running requests\)")
 
 
 def kernels_section(path: Path | None) -> dict:
