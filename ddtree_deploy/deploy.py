@@ -30,7 +30,7 @@ from typing import Any
 
 from . import baseline as baseline_mod
 from .decide import Decision, Observed, Step, decide, redecide_after_failed_probe
-from .errors import AbiIncompatible, DeployError, EXIT_FAILED, is_cut
+from .errors import AbiIncompatible, DeployError, EXIT_FAILED, InputError, is_cut
 from .inventory import Host
 from .overlay import Overlay
 from .ddtree_stats import describe_ddtree
@@ -39,7 +39,8 @@ from .probe import ProbeResult, Stage
 from .release import PushResult, rollback_target
 from .server import require_server, server_spec
 from .transaction import ApplyReport, Progress, Run, quiet, run_on_host
-from .launch_check import check_launch_line
+from .hostfile import write_host_file
+from .launch_check import check_launch_line, plan_flag_fix
 
 _quiet = quiet
 
@@ -126,7 +127,14 @@ class _Executor:
 
     def _switch(self, step: Step) -> None:
         t = time.monotonic()
-        self.details["launch_line"] = check_launch_line(self.run.conn, self.host, self.release)  # before the switch
+        try:  # before the switch: a line the release's SGLang refuses would not start
+            self.details["launch_line"] = check_launch_line(self.run.conn, self.host, self.release)
+        except InputError as exc:
+            if self.pushed is None:
+                raise
+            removed = self.run.mgr.discard_release(self.release, why="launch line refused: " + exc.message[:300])
+            raise InputError(exc.message + (f"; release {self.release} was removed from the host" if removed else ""),
+                             hint=exc.hint) from None
         self.run.mgr.switch(self.release, probing=True)
         self.timings["push_switch"] = self.timings.get("push_switch", 0.0) + time.monotonic() - t
         self.progress(f"{self.host.name}: switched current → {self.release}; probing")
@@ -270,21 +278,39 @@ def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_r
 
 
 # -- the whole flow (the plan: plan.py) --------------------------------------------------------------------------------------
+def _fix_flags(host: Host, version: str | None, *, dry_run: bool, progress: Progress) -> tuple[Host, dict[str, Any]]:
+    """``--fix-flags``: the host file's removed flags renamed (written unless ``dry_run``); the host to go on with."""
+    if version is None:  # only a dry run on a host with no snapshot gets here (apply takes one first)
+        return host, {"renames": [], "why": "the host's SGLang version is not known before a snapshot is taken"}
+    fix = plan_flag_fix(host, version)
+    if fix is None:
+        return host, {"renames": [], "why": f"no flag in the host file that SGLang {version} removed"}
+    if dry_run:
+        return fix.host, {**fix.to_dict(), "written": False}
+    new_host = write_host_file(host, fix.new_text)
+    progress(f"{host.name}: {host.source}: renamed " + ", ".join(fix.renames) + f" (SGLang {version})")
+    return new_host, {**fix.to_dict(), "written": True}
+
+
 def apply(host: Host, *, patchset: str | None = None, dry_run: bool = False, ignore_abi: bool = False,
           break_lock: bool = False, record_baseline: bool = True, progress: Progress = _quiet,
-          command: str = "ddtree-deploy apply", force: bool = False, allow_base_drift: bool = False) -> ApplyReport:
+          command: str = "ddtree-deploy apply", force: bool = False, allow_base_drift: bool = False,
+          fix_flags: bool = False) -> ApplyReport:
     """The whole flow for one host. Raises DeployError (with its exit code) for refusals before any change:
     patch set missing or not applying (2/5), ABI errors (4), host unreachable (3), lock held, base drift or push
-    failed (1)."""
+    failed (1). ``fix_flags``: first write the new spelling of the flags the host's SGLang removed into the host file
+    (launch_check.plan_flag_fix; with ``dry_run`` the edit is shown and the steps are those of the edited file)."""
     if not dry_run:
         require_server(host)  # a host we could not restart is refused before anything else happens
     t = time.monotonic()
     p = plan(host, patchset=patchset, progress=progress, dry_run=dry_run, allow_base_drift=allow_base_drift)
     plan_s = time.monotonic() - t
-    details = {"patchset": p.overlay.patchset if p.overlay else patchset or DEFAULT_PATCHSET,
-               "patchset_version": p.overlay.patchset_version if p.overlay else None,
-               "base_version": p.base_version, "snapshot": p.snapshot_id, "abi": p.abi_dicts(),
-               "files": len(p.overlay.files) if p.overlay else None}
+    details: dict[str, Any] = {"patchset": p.overlay.patchset if p.overlay else patchset or DEFAULT_PATCHSET,
+                               "patchset_version": p.overlay.patchset_version if p.overlay else None,
+                               "base_version": p.base_version, "snapshot": p.snapshot_id, "abi": p.abi_dicts(),
+                               "files": len(p.overlay.files) if p.overlay else None}
+    if fix_flags:
+        host, details["fix_flags"] = _fix_flags(host, p.base_version, dry_run=dry_run, progress=progress)
     if dry_run:
         decision = dry_run_decision(host, p, record_baseline=record_baseline, force=force)
         stats = p.stats()

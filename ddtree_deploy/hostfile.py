@@ -1,6 +1,7 @@
-"""Writing one value back into a host file without disturbing the rest of it (comments, order, quoting, folding).
+"""Writing values back into a host file without disturbing the rest of it (comments, order, quoting, folding).
 
-``tune`` writes the schedule it chose into ``server.ddtree_flags``. The file goes through a ruamel.yaml round trip
+``tune`` writes the schedule it chose into ``server.ddtree_flags``; ``apply --fix-flags`` writes the new spelling
+of flags SGLang renamed into ``server.command`` / ``server.ddtree_flags`` (launch_check.renamed_in). The file goes through a ruamel.yaml round trip
 (comments, key order, quoting and a folded ``>-`` value's line breaks are kept); the edited text is then parsed
 and validated as a host file and must give exactly the intended flags with nothing else changed; otherwise nothing
 is written and the error says what to change by hand. The file is replaced atomically, keeping its mode.
@@ -48,11 +49,12 @@ def _like(old: Any, value: str) -> Any:
     return value
 
 
-def _edit(text: str, want: str) -> str | None:
-    """The host file's text with ``server.ddtree_flags`` set to ``want``, or None when it has no server mapping.
+def _edit(text: str, want: dict[str, str]) -> str | None:
+    """The host file's text with each ``server.<key>`` of ``want`` set to its value, or None when it has no server
+    mapping.
 
     ruamel.yaml writes the edited document; a file it would not write back byte for byte (a long quoted value
-    folded over lines, other indentation) gets only the lines of that entry replaced: the change between ruamel's
+    folded over lines, other indentation) gets only the lines of the entries replaced: the change between ruamel's
     rendering before and after the edit, spliced into the file where those lines stand."""
     rt = _round_trip()
     doc = rt.load(text)
@@ -60,7 +62,8 @@ def _edit(text: str, want: str) -> str | None:
     if not isinstance(server, CommentedMap):
         return None
     before = _dump(rt, doc)
-    server["ddtree_flags"] = _like(server.get("ddtree_flags"), want)
+    for key, value in want.items():
+        server[key] = _like(server.get(key), value)
     after = _dump(rt, doc)
     return after if before == text else _splice(text, before, after)
 
@@ -104,19 +107,19 @@ def _keep_comment_gap(old: list[str], new: list[str]) -> list[str]:
     return [line[:b.start()] + a["gap"] + b["comment"] + new[0][len(line):]]
 
 
-def _without_flags(doc: object) -> object:
+def _without(doc: object, keys: set[str]) -> object:
     if isinstance(doc, dict) and isinstance(doc.get("server"), dict):
-        return {**doc, "server": {k: v for k, v in doc["server"].items() if k != "ddtree_flags"}}
+        return {**doc, "server": {k: v for k, v in doc["server"].items() if k not in keys}}
     return doc
 
 
-def plan_budget_edit(host: Host, budget: str) -> tuple[str, str, str]:
-    """(old text, new text, unified diff) of setting the host file's DDTree budget to ``budget``; InputError naming
-    the file and field when the file cannot be edited safely."""
+def plan_server_edit(host: Host, want: dict[str, str]) -> tuple[str, str, str]:
+    """(old text, new text, unified diff) of setting the host file's ``server.<key>`` fields to ``want``; InputError
+    naming the file and field when the file cannot be edited safely (the edit must give exactly those values, as
+    words of a command line, and change nothing else)."""
     path = Path(host.source)
-    old_flags = str(host.server.get("ddtree_flags") or "")
-    want = with_budget(old_flags, budget)
-    manual = f"set server.ddtree_flags to {want!r} by hand"
+    fields = ", ".join(f"'server.{k}'" for k in want)
+    manual = "set " + "; ".join(f"server.{k} to {v!r}" for k, v in want.items()) + " by hand"
     try:
         text = path.read_text()
     except OSError as exc:
@@ -124,20 +127,26 @@ def plan_budget_edit(host: Host, budget: str) -> tuple[str, str, str]:
     try:
         new = _edit(text, want)
     except RuamelError as exc:
-        raise InputError(f"{path}: field 'server.ddtree_flags': cannot edit the file: {' '.join(str(exc).split())}",
+        raise InputError(f"{path}: field {fields}: cannot edit the file: {' '.join(str(exc).split())}",
                          hint=manual) from None
     if new is None:
-        raise InputError(f"{path}: field 'server': expected a mapping to write ddtree_flags into", hint=manual)
+        raise InputError(f"{path}: field 'server': expected a mapping to write {', '.join(want)} into", hint=manual)
     try:
         old_doc, new_doc = load_yaml(text), load_yaml(new)
     except yaml.YAMLError:
-        raise InputError(f"{path}: editing field 'server.ddtree_flags' would break the YAML", hint=manual) from None
-    got = str(((new_doc or {}).get("server") or {}).get("ddtree_flags") or "")
-    if shlex.split(got) != shlex.split(want) or _without_flags(old_doc) != _without_flags(new_doc):
-        raise InputError(f"{path}: field 'server.ddtree_flags': the edit did not give exactly the intended flags "
-                         "(or changed another field)", hint=manual)
+        raise InputError(f"{path}: editing field {fields} would break the YAML", hint=manual) from None
+    server = (new_doc or {}).get("server") or {}
+    exact = all(shlex.split(str(server.get(k) or "")) == shlex.split(v) for k, v in want.items())
+    if not exact or _without(old_doc, set(want)) != _without(new_doc, set(want)):
+        raise InputError(f"{path}: field {fields}: the edit did not give exactly the intended value (or changed "
+                         "another field)", hint=manual)
     diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(path), str(path)))
     return text, new, diff
+
+
+def plan_budget_edit(host: Host, budget: str) -> tuple[str, str, str]:
+    """(old text, new text, unified diff) of setting the host file's DDTree budget to ``budget``."""
+    return plan_server_edit(host, {"ddtree_flags": with_budget(str(host.server.get("ddtree_flags") or ""), budget)})
 
 
 def write_host_file(host: Host, text: str) -> Host:

@@ -6,16 +6,21 @@ is parsed on the host by that release's own ``ServerArgs`` parser (``ServerArgs.
 ``prepare_server_args`` builds), in a short subprocess that imports ``sglang.srt.server_args`` from the release and
 does no GPU work. A flag the release does not know (a typo, a flag a newer SGLang removed) or a value it refuses
 stops the deploy there, naming the flag and, for the known renames, the new spelling, while the old server keeps
-serving. A command that does not start SGLang's own entry point (``-m sglang.launch_server``, ``sglang serve``)
+serving (a release pushed for it is removed again: deploy.py). ``apply --fix-flags`` writes the new spelling of the
+known renames into the host file first (:func:`plan_flag_fix`; ``--dry-run`` shows the edit and writes nothing). A command that does not start SGLang's own entry point (``-m sglang.launch_server``, ``sglang serve``)
 is not parsed, and says so. The baseline restart (``baseline.record_baseline``: DDTree off, the active release or
 the installed SGLang) is checked the same way before it stops anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shlex
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from .errors import InputError, OperationFailed
 
@@ -25,6 +30,69 @@ RENAMED = {
     "--speculative-dflash-draft-window-size": ("--speculative-draft-window-size", "0.5.20"),
 }
 MARK = "DDTREE-LAUNCH-CHECK "
+#: The host-file fields that hold launch flags (``server.command`` has the user's, ``server.ddtree_flags`` DDTree's).
+FLAG_FIELDS = ("command", "ddtree_flags")
+
+
+def _removed_by(version: str | None) -> dict[str, str]:
+    """The renames in effect at SGLang ``version``: old flag -> new spelling (none for an unknown version)."""
+    try:
+        v = Version(str(version))
+    except InvalidVersion:
+        return {}
+    return {old: new for old, (new, since) in RENAMED.items() if v >= Version(since)}
+
+
+def renamed_in(text: str, version: str | None) -> tuple[str, list[str]]:
+    """``text`` (a launch line) with every flag SGLang ``version`` removed written in its new spelling, as a flag word
+    (``--old`` or ``--old=value``) and nowhere else; and the renames made, as ``old -> new``. Quoting, spacing and
+    every other word stay as they were."""
+    done: list[str] = []
+    for old, new in _removed_by(version).items():
+        pattern = re.compile(r"(?<![^\s'\"])" + re.escape(old) + r"(?=$|[\s='\"])")
+        text, n = pattern.subn(new, text)
+        if n:
+            done.append(f"{old} -> {new}")
+    return text, done
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagFix:
+    """What ``apply --fix-flags`` writes into a host file: the fields' new values, the renames, the diff, and the
+    host as the edited file will load."""
+
+    file: str
+    fields: dict[str, str]
+    renames: list[str]
+    old_text: str
+    new_text: str
+    diff: str
+    host: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "renames": self.renames, "fields": self.fields, "diff": self.diff}
+
+
+def plan_flag_fix(host: Any, version: str | None) -> FlagFix | None:
+    """The host-file edit that renames the flags SGLang ``version`` removed in ``server.command`` and
+    ``server.ddtree_flags`` (None when there is nothing to rename); InputError when the file cannot be edited safely
+    (hostfile.plan_server_edit)."""
+    from .hostfile import plan_server_edit
+
+    fields, renames = {}, []
+    for key in FLAG_FIELDS:
+        value = host.server.get(key)
+        if not isinstance(value, str):
+            continue
+        fixed, done = renamed_in(value, version)
+        if done:
+            fields[key] = fixed
+            renames += [r for r in done if r not in renames]
+    if not fields:
+        return None
+    old, new, diff = plan_server_edit(host, fields)
+    return FlagFix(host.source, fields, renames, old, new, diff,
+                   dataclasses.replace(host, server={**host.server, **fields}))
 
 # Runs on the host with the release first on sys.path; prints one MARK line.
 _PARSE = r'''
@@ -108,6 +176,14 @@ def check_launch_line(conn: Any, host: Any, release_id: str | None, *, ddtree: b
         unused = "nothing was restarted" if release_id is None else f"release {release_id} is not used"
         raise InputError(f"{host.source}: field 'server.command': {what}; the server would not start, so nothing "
                          f"was switched ({unused})",
-                         hint=("rename " + ", ".join(renames) + " in the host file") if renames
+                         hint=("rename " + ", ".join(renames) + " in the host file (`ddtree-deploy apply --fix-flags` "
+                               "does it; with --dry-run it shows the edit)") if renames
                          else "fix the flag in the host file (or server.ddtree_flags) and apply again")
     return {"checked": True, "version": got["version"], "args": len(argv)}
+
+
+def check_current_line(conn: Any, host: Any) -> dict[str, Any]:
+    """The check against what a restart would run now: the active release with DDTree's flags, or the installed SGLang
+    without them when no release is active (``hosts check`` and ``abi --live``); InputError as check_launch_line."""
+    active = conn.call("release", "show", root=host.release_root)["state"]["active"]
+    return {**check_launch_line(conn, host, active, ddtree=active is not None), "release": active}

@@ -453,6 +453,11 @@ class ReleaseManager:
         return self._call("mark", root=self.root, release_id=release_id, status=status, run_id=self.run_id, note=note,
                           fence=self.fence)
 
+    def discard_release(self, release_id: str, why: str) -> bool:
+        """Remove ``release_id``, which this run pushed and never switched to (remote/release.py discard_release)."""
+        return bool(self._call("discard_release", root=self.root, release_id=release_id, run_id=self.run_id, why=why,
+                               fence=self.fence)["removed"])
+
     def show(self, journal_lines: int = 0) -> dict[str, Any]:
         return self._call("show", root=self.root, journal_lines=journal_lines)
 

@@ -1,7 +1,8 @@
 """``ddtree-deploy abi``: the binary-compatibility matrix of hosts and the findings of the ABI rules.
 
-Facts come from each host's latest snapshot (no SSH), from the host itself with ``--live`` (one round trip each),
-or from recorded facts files (``--facts``). With ``--require``/``--base-version``/``--built-on`` it checks an overlay
+Facts come from each host's latest snapshot (no SSH), from the host itself with ``--live`` (one round trip each,
+plus the launch check: the server's launch line parsed by the SGLang a restart would run, launch_check), or from
+recorded facts files (``--facts``). With ``--require``/``--base-version``/``--built-on`` it checks an overlay
 the way ``deploy apply`` will before pushing. Exit 4 when any finding is an error, 3 when a host is unreachable
 (``--live``), 2 on bad input (unknown host, no snapshot, unreadable facts file).
 """
@@ -20,6 +21,9 @@ from .. import abi
 from ..console import emit_json, err, out
 from ..errors import EXIT_ABI, EXIT_UNREACHABLE, EXIT_USAGE, DeployError, InputError
 from ..facts import gather
+from ..inventory import Host
+from ..launch_check import check_current_line
+from ..transport import HostConnection
 from ..snapshot import SnapshotStore
 from ._options import AllHostsOpt, HostsArg, HostsOpt, InventoryOpt, LimitOpt, StoreOpt, many_hosts
 
@@ -43,6 +47,21 @@ def _load_facts_file(path: Path) -> tuple[str, dict[str, Any]]:
         raise InputError(f"{path}: not a facts record (expected the JSON of `snapshot show --json`'s 'facts', with "
                          "'python' and 'torch' sections)")
     return str(data.get("host") or path.stem), data
+
+
+def launch_findings(host: Host) -> list[abi.Finding]:
+    """``--live``: the launch line a restart would start, parsed on the host by that SGLang's own ServerArgs; a flag it
+    refuses is an error (the server would exit before serving), as in ``hosts check`` and before ``apply``'s switch."""
+    if not host.server.get("command"):
+        return []
+    try:
+        with HostConnection(host) as conn:
+            check_current_line(conn, host)
+    except InputError as exc:
+        return [abi.Finding(abi.ERROR, host.name, "launch_line", exc.message,
+                            "a restart (apply, rollback) starts a server that exits while parsing its arguments",
+                            exc.hint or "fix the flag in the host file")]
+    return []
 
 
 def parse_requirements(items: list[str]) -> dict[str, str]:
@@ -80,10 +99,12 @@ def abi_command(
         names, host_opts, limit, all_hosts, inventory)
     st = SnapshotStore(store)
     unreachable: list[str] = []
+    launch: list[abi.Finding] = []  # --live only: the launch line checks
     for host in hosts:
         if live:
             try:
                 facts_by_host[host.name] = gather(host)
+                launch.extend(launch_findings(host))
             except DeployError as exc:  # report it and compare the others; exit 3 at the end
                 unreachable.append(host.name)
                 err.print(f"[bold red]{host.name}:[/bold red] {escape(str(exc))}")
@@ -112,6 +133,7 @@ def abi_command(
         findings = abi.sort_findings(findings)
     else:
         findings = abi.check_hosts(facts_by_host)
+    findings = abi.sort_findings([*findings, *launch]) if launch else findings
     if as_json:
         emit_json({"hosts": list(facts_by_host), "unreachable": unreachable, "matrix": abi.matrix_rows(facts_by_host),
                    "findings": [f.to_dict() for f in findings], "errors": sum(f.severity == abi.ERROR for f in findings)})

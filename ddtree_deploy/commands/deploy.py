@@ -52,6 +52,13 @@ def print_report(report: ApplyReport, *, show_diff: bool = False) -> None:
         err.print(f"[bold yellow]{report.host}: {report.details['reconciled']}[/bold yellow]", highlight=False)
     if report.status == "dry-run":
         summary = report.details.get("summary")
+        fix = report.details.get("fix_flags")
+        if fix and fix.get("diff"):
+            out.print(f"[bold]{report.host}: --fix-flags would edit {fix['file']}[/bold] ({', '.join(fix['renames'])})",
+                      highlight=False)
+            out.print(fix["diff"].rstrip("\n"), markup=False, highlight=False)
+        elif fix:
+            out.print(f"{report.host}: --fix-flags: nothing to rename ({fix.get('why')})", highlight=False)
         # the overlay's files and diff matter only when a new release would be pushed
         pushes = not isinstance(summary, dict) or any(s["action"] == "push" for s in summary["steps"])
         if isinstance(summary, dict):
@@ -151,6 +158,9 @@ def apply_cmd(
     max_parallel: int = typer.Option(4, "--max-parallel", min=1, help="hosts deployed at once after the canary"),
     max_fail: int = typer.Option(0, "--max-fail", min=0, help="stop starting new hosts once more than this many failed"),
     no_baseline: bool = typer.Option(False, "--no-baseline", help="do not record a generation baseline on hosts lacking one"),
+    fix_flags: bool = typer.Option(False, "--fix-flags", help="first rewrite flags the host's SGLang removed (e.g. "
+                                   "--mamba-scheduler-strategy, gone in 0.5.20) to their new spelling in the host file's "
+                                   "server.command / server.ddtree_flags; with --dry-run: show that edit, write nothing"),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -173,7 +183,7 @@ def apply_cmd(
     def action(host: Host) -> ApplyReport:
         return deploy_mod.apply(host, patchset=patchset, dry_run=dry_run, ignore_abi=ignore_abi, break_lock=break_lock,
                                 record_baseline=not no_baseline, progress=_progress, force=force,
-                                allow_base_drift=allow_base_drift)
+                                allow_base_drift=allow_base_drift, fix_flags=fix_flags)
 
     with _interruptible():
         if len(selected) == 1 and not retry_failed and not unusable:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from .. import hostpaths, paths
-from ..launch_check import check_launch_line
+from ..launch_check import check_current_line
 from ..cli_errors import Group
 from ..console import emit_json, out, table
 from ..errors import EXIT_UNREACHABLE, EXIT_USAGE, DeployError, InputError
@@ -99,7 +99,7 @@ def check_cmd(
                 wrong = hostpaths.problems(host, info["paths"])
                 if not wrong and info.get("sglang_dir_exists"):
                     try:
-                        info["launch"] = _launch_line(conn, host)
+                        info["launch"] = check_current_line(conn, host)
                     except InputError as exc:  # the host answers; its launch line would not start the server
                         wrong = [str(exc).removeprefix(f"{host.source}: ")]
             if wrong:
@@ -124,10 +124,6 @@ def check_cmd(
         raise typer.Exit(worst)
 
 
-def _launch_line(conn: HostConnection, host: Host) -> dict[str, Any]:
-    """The launch check against what the server would run now (InputError when the line has a flag it refuses)."""
-    active = conn.call("release", "show", root=host.release_root)["state"]["active"]
-    return {**check_launch_line(conn, host, active, ddtree=active is not None), "release": active}
 
 
 def _launch_detail(row: dict[str, Any]) -> str:

@@ -224,6 +224,29 @@ def _cleanup(root, keep, run_id=None):
     return removed
 
 
+def discard_release(root, release_id, run_id, why, fence=None):
+    """Remove a release this run pushed and never switched to (its launch line was refused before the switch), so
+    the host is left as the run found it but for the journal line. Refused for any release another run pushed, and
+    for the active one, the rollback target or a pending one."""
+    with _OpLock(root):
+        _fence(root, fence)
+        state = _load_state(root)
+        rel = next((r for r in state["releases"] if r["id"] == release_id), None)
+        if rel is None:
+            return {"removed": False, "why": "no such release"}
+        protected = {state["active"], state["previous_good"], (state.get("pending") or {}).get("release")}
+        if release_id in protected or rel.get("run") != run_id:
+            raise Failure("release %s is in use or was not pushed by run %s: not removed" % (release_id, run_id),
+                          "protected")
+        shutil.rmtree(os.path.join(root, "releases", release_id), ignore_errors=True)
+        state["releases"].remove(rel)
+        if release_id in state["bad"]:
+            state["bad"].remove(release_id)
+        _save_state(root, state)
+        _journal(root, "discard", run=run_id, release=release_id, why=why)
+    return {"removed": True}
+
+
 def cleanup(root, keep, run_id=None, fence=None):
     """Keep the newest ``keep`` releases; never remove the active one, the rollback target or a pending one."""
     with _OpLock(root):
@@ -234,5 +257,5 @@ def cleanup(root, keep, run_id=None, fence=None):
 OPS = {
     "hold": hold, "receive": receive, "discard_staging": discard_staging, "switch": switch, "roll_back": roll_back,
     "reconcile": reconcile, "server_action": server_action, "mark": mark, "finish": finish,
-    "show": show, "cleanup": cleanup,
+    "show": show, "cleanup": cleanup, "discard_release": discard_release,
 }

@@ -1,5 +1,7 @@
 """A restart whose launch line carries a flag the host's SGLang removed is refused before the switch (issue #32,
-item 4), through the installed console script on a real sshd sandbox host running SGLang 0.5.20.
+item 4), through the installed console script on a real sshd sandbox host running SGLang 0.5.20; ``hosts check`` and
+``abi --live`` name it too, ``apply --fix-flags`` rewrites it (``--dry-run``: shows the edit), and a release pushed
+for a line its SGLang refuses is removed again.
 
 0.5.20 removed ``--mamba-scheduler-strategy`` (now ``--mamba-radix-cache-strategy``), which model cards still print.
 The host's server command says the old name. A first ``apply`` restarts the server with DDTree off to record the
@@ -73,6 +75,17 @@ def test_hosts_check_names_the_removed_flag(box) -> None:
     assert row["error"].startswith(f"{host_file}: field 'server.command'"), row
 
 
+def test_abi_live_reports_the_launch_line_as_an_error(box) -> None:
+    run, host_file = box
+    p = run("abi", NAME, "--live", "--json")
+    assert p.returncode == 4, (p.stdout + p.stderr)[-3000:]
+    doc = json.loads(p.stdout)
+    (f,) = [f for f in doc["findings"] if f["rule"] == "launch_line"]
+    assert f["severity"] == "error" and f["host"] == NAME, f
+    assert "--mamba-scheduler-strategy (renamed --mamba-radix-cache-strategy in SGLang 0.5.20)" in f["what"], f
+    assert "--fix-flags" in f["fix"], f
+
+
 def test_removed_flag_stops_the_deploy_before_the_switch(box) -> None:
     run, host_file = box
     before, _ = _state(host_file)
@@ -85,3 +98,52 @@ def test_removed_flag_stops_the_deploy_before_the_switch(box) -> None:
     after, server = _state(host_file)
     assert after.get("current") == before.get("current") and not after.get("pending"), after
     assert not server.get("running"), server
+
+
+def test_fix_flags_dry_run_shows_the_edit_and_writes_nothing(box) -> None:
+    run, host_file = box
+    text = host_file.read_text()
+    p = run("apply", "--host", NAME, "--fix-flags", "--dry-run", "--ignore-abi")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert f"--fix-flags would edit {host_file}" in " ".join(out.split()), out[-3000:]
+    assert "-  command:" in out or "--mamba-scheduler-strategy" in out, out[-3000:]
+    assert "+" in out and "--mamba-radix-cache-strategy" in out, out[-3000:]
+    assert host_file.read_text() == text  # nothing written
+
+
+def test_fix_flags_writes_the_new_spelling_and_the_check_passes(box) -> None:
+    run, host_file = box
+    before, _ = _state(host_file)
+    p = run("apply", "--host", NAME, "--fix-flags", "--ignore-abi")
+    out = " ".join((p.stdout + p.stderr).split())
+    doc = yaml.safe_load(host_file.read_text())
+    assert "--mamba-radix-cache-strategy extra_buffer" in doc["server"]["command"], doc["server"]["command"]
+    assert "--mamba-scheduler-strategy" not in doc["server"]["command"]
+    assert "renamed --mamba-scheduler-strategy -> --mamba-radix-cache-strategy (SGLang 0.5.20)" in out, out[-3000:]
+    # the launch line now passes the check: what stops this run is the server itself (no GPU, no CUDA torch here)
+    assert "does not know" not in out, out[-3000:]
+    assert p.returncode != 0, out[-3000:]
+    after, server = _state(host_file)
+    assert after.get("current") == before.get("current") and not after.get("pending"), after
+    assert [r["id"] for r in after["state"]["releases"]] == [r["id"] for r in before["state"]["releases"]]
+
+
+def test_a_release_whose_launch_line_is_refused_is_removed_again(box) -> None:
+    run, host_file = box
+    doc = yaml.safe_load(host_file.read_text())
+    doc["server"]["ddtree_flags"] = doc["server"]["ddtree_flags"].replace("--speculative-ddtree-budget",
+                                                                          "--speculative-ddtree-budgett")
+    host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before, _ = _state(host_file)
+    p = run("apply", "--host", NAME, "--no-baseline", "--ignore-abi")
+    out = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 2, out[-3000:]
+    assert "--speculative-ddtree-budgett" in out and "was removed from the host" in out, out[-3000:]
+    after, server = _state(host_file)
+    assert [r["id"] for r in after["state"]["releases"]] == [r["id"] for r in before["state"]["releases"]], after
+    assert after.get("current") == before.get("current") and not after.get("pending"), after
+    assert not server.get("running"), server
+    with HostConnection(load_host_file(host_file)) as conn:  # the host journal names the removal
+        lines = ReleaseManager(conn).show(journal_lines=20)["journal"]
+    assert any(ln.get("event") == "discard" and "launch line refused" in ln.get("why", "") for ln in lines), lines
