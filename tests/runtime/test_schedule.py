@@ -216,14 +216,19 @@ def test_max_budget_bounds_the_candidates_per_batch_size():
 
 
 def test_gdn_verify_cost_per_node_from_the_measured_shares():
-    """The H200 27B-shape figures: GDN verify 11 % of the chain's round (16 tokens) and 47 % of b128's (129 nodes)
-    at batch 1: 0.150 ms per verified node; the hybrid table's rows are the measured ratios to the chain."""
+    """The H200 27B-shape figures of the recurrent form: GDN verify 11 % of the chain's round (16 tokens) and 47 % of
+    b128's (129 nodes) at batch 1: 0.150 ms per verified node. The table `auto` reads is the chunk form's: its rows
+    are the medians of bench/results/hybrid-0.5.17-h200-q36c.md."""
     per = S.gdn_verify_ms_per_node()
     assert per == pytest.approx((0.47 * 20.89 * 1.96 - 0.11 * 20.89) / (129 - 16))
     assert 0.14 < per < 0.16
     t = S.HYBRID_ROUND_MS
-    assert t[16][1] / t[0][1] == pytest.approx(1.03) and t[16][16] / t[0][16] == pytest.approx(1.18)
-    assert t[128][1] / t[0][1] == pytest.approx(1.96) and set(t[128]) == {1}  # b128 fits one request only
+    assert set(t) == {0, 16, 64} and all(set(row) == {1, 8, 16} for row in t.values())
+    assert t[16][1] / t[0][1] == pytest.approx(21.736 / 20.68, abs=1e-3)
+    assert t[64][16] / t[0][16] == pytest.approx(153.075 / 45.561, abs=1e-3)
+    assert S._limit_at(S.HYBRID_MAX_BUDGET, 1) == 586  # fewer requests fit at least what 16 do
+    rec = S.HYBRID_ROUND_MS_RECURRENT
+    assert rec[128][1] / rec[0][1] == pytest.approx(1.96) and set(rec[128]) == {1}  # b128 fit one request only
     # the model for an unmeasured host: the dense table plus the GDN verify of every node and request
     dense = S.interpolate_round_ms(S.DEFAULT_ROUND_MS, 64, 8)
     assert S.hybrid_round_ms(S.DEFAULT_ROUND_MS, 64, 8, gdn_ms_per_node=per) == pytest.approx(dense + per * 65 * 8)
@@ -232,8 +237,8 @@ def test_gdn_verify_cost_per_node_from_the_measured_shares():
 
 def test_auto_on_a_hybrid_target():
     """`auto` on a hybrid: the hybrid table, each budget only where it fits and was measured. Under the assumed
-    profile no tree pays its GDN-heavy round (the chain everywhere); a sharper drafter buys b128 at batch 1 only
-    and b16 where a tree of 16 still fits, never an unmeasured cell."""
+    profile no tree pays its round (the chain everywhere); a sharper drafter buys a tree at batch 1, and never an
+    unmeasured cell."""
     assert str(S.default_schedule(range(1, 513), hybrid=True)) == "1:0"
     assert str(S.default_schedule(range(1, 513))) == "1:64,2:0"  # the dense table is unchanged
     sharp = [[0.6, 0.3, 0.05]] * 15

@@ -326,29 +326,39 @@ DEFAULT_BUDGETS = (16, 32, 64)
 
 # -- hybrid GatedDeltaNet targets ------------------------------------------------------------------------------------
 
-#: Round milliseconds of a hybrid target, measured on one H200, SGLang 0.5.17 + this patch set, the Qwen3.6-27B shape
-#: (48 GatedDeltaNet + 16 gated-attention layers, random weights) with the z-lab Qwen3.6-27B-DFlash drafter shape
-#: (block 16), CUDA graphs (issue #24's table; `bench/e2e/hybrid17.sh` parts q36t1/q36t2 re-measure it into
-#: bench/results/hybrid-0.5.17-h200.md): {budget: {batch size: ms}}, budget 0 = the V2 chain. A budget is listed only
-#: up to the batch sizes where its per-node recurrent states fit next to the weights (19 / 41 / 80 / 209 nodes fit at
-#: 16 / 8 / 4 / 1 requests), so the table's extent is also the memory limit `auto` assumes (HYBRID_MAX_BUDGET).
+#: Round milliseconds of a hybrid target with the chunk-form GatedDeltaNet verify (the default; records per node,
+#: no state per node), measured on one H200, SGLang 0.5.17 + this patch set, the Qwen3.6-27B shape (48 GatedDeltaNet +
+#: 16 gated-attention layers, random weights) with the z-lab Qwen3.6-27B-DFlash drafter shape (block 16), CUDA graphs,
+#: 16 max running requests, 8 reps per cell (bench/results/hybrid-0.5.17-h200-q36c.md: the median of the differenced
+#: round times; `bench/e2e/hybrid17.sh TAG q36c` re-measures it): {budget: {batch size: ms}}, budget 0 = the V2 chain.
+#: Only the budgets measured in chunk form are listed: `auto` never extrapolates a budget it has no row for.
 HYBRID_ROUND_MS: dict[int, dict[int, float]] = {
+    0: {1: 20.68, 8: 31.38, 16: 45.56},
+    16: {1: 21.74, 8: 35.02, 16: 53.25},
+    64: {1: 26.37, 8: 78.81, 16: 153.08},
+}
+#: The budgets `auto` chooses among on a hybrid target.
+HYBRID_BUDGETS = (16, 64)
+#: The largest budget that fits at each batch size (the start-up memory check of that run: 586 nodes at 16 running
+#: requests, 5.07 MiB per node and request; fewer requests fit at least as many). The runtime caps it further
+#: (ddtree_v2.hybrid's MAX_HYBRID_BUDGET) and checks the real pool at start-up.
+HYBRID_MAX_BUDGET = {16: 586}
+
+#: The recurrent form's table (a state per node, ``DDTREE_GDN_VERIFY=recurrent``; issue #24's first measurement,
+#: bench/results/hybrid-0.5.17-h200.md) and the GatedDeltaNet verify's measured shares of those rounds at batch 1 (the
+#: profiler's kernel time): 11 % of the chain's round (16 verified tokens per request), 47 % of the b128 round (129
+#: nodes). They give :func:`gdn_verify_ms_per_node`'s default, the model of a host whose hybrid rounds were not measured.
+HYBRID_ROUND_MS_RECURRENT: dict[int, dict[int, float]] = {
     0: {1: 20.89, 8: 31.59, 16: 46.44},
     16: {1: 20.89 * 1.03, 8: 31.59 * 1.09, 16: 46.44 * 1.18},
     32: {1: 20.89 * 1.16, 8: 31.59 * 1.61},
     64: {1: 20.89 * 1.41},
     128: {1: 20.89 * 1.96},
 }
-#: The measured GatedDeltaNet verify shares of those rounds at batch 1 (the profiler's kernel time): 11 % of the
-#: chain's round (16 verified tokens per request), 47 % of the b128 round (129 nodes).
 HYBRID_GDN_SHARE = {0: 0.11, 128: 0.47}
-#: The budgets `auto` chooses among on a hybrid target.
-HYBRID_BUDGETS = (16, 32, 64, 128)
-#: The largest budget whose per-node states fit at each batch size (from the start-up memory check of that run).
-HYBRID_MAX_BUDGET = {1: 209, 4: 80, 8: 41, 16: 19}
 
 
-def gdn_verify_ms_per_node(table: Mapping[int, Mapping[int, float]] = HYBRID_ROUND_MS,
+def gdn_verify_ms_per_node(table: Mapping[int, Mapping[int, float]] = HYBRID_ROUND_MS_RECURRENT,
                            shares: Mapping[int, float] = HYBRID_GDN_SHARE, *, block_size: int = 16) -> float:
     """The GatedDeltaNet verify's cost per verified node (ms, one request), from two measured shares at batch 1:
     the slope between the chain's GDN time (block-size tokens) and the largest measured budget's (budget + 1
@@ -386,9 +396,9 @@ def default_schedule(batch_sizes: Iterable[int], *, block_size: int = 16,
     with every node: :func:`gdn_verify_ms_per_node`) and budgets :data:`HYBRID_BUDGETS`, each only where its
     per-node states fit (``max_budget``, default :data:`HYBRID_MAX_BUDGET`) and up to the largest batch size its
     row measured (a budget is never extrapolated to batches it was not run at). With the built-in tables this is the
-    chain at every batch size: under the assumed profile the trees commit +1 % (b16) to +34 % (b128) more tokens
-    per round than the chain, and their rounds cost 1.03x to 1.96x at batch 1; a better drafter (a measured
-    profile, ``tune``) or a cheaper GDN tree verify changes that."""
+    chain at every batch size: under the assumed profile b16 commits +1 % and b64 +13 % more tokens per round than
+    the chain, and their rounds cost 1.05x and 1.28x at batch 1 (chunk form); a better drafter (a measured profile,
+    ``tune``) or a cheaper round changes that."""
     profile = list(accept_profile if accept_profile is not None else DEFAULT_ACCEPT_PROFILE)
     profile = profile[: max(int(block_size) - 1, 0)]
     sizes = sorted({int(bs) for bs in batch_sizes}) or [1]
