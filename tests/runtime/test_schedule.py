@@ -66,6 +66,41 @@ def test_parse_bad(text, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("text, canonical", [
+    ('{"1": 64, "8": 16, "32": 0}', "1:64,8:16,32:0"),
+    ('{"32": 0, "1": 64, "8": 16}', "1:64,8:16,32:0"),  # key order does not matter
+    ('{"4": 32, "16": 0}', "1:32,16:0"),  # the smallest key covers the sizes below it
+    ('{"1": 64, "2": 64, "8": 0}', "1:64,8:0"),  # equal neighbours merge
+    ('{"1": 16}', "16"),
+    ('{"1": 0}', "1:0"),
+])
+def test_parse_sglang_json_shape(text, canonical, tmp_path):
+    """SGLang's adaptive shape, keyed by batch size, inline or as a .json file: the same Schedule as T:B text."""
+    sched = S.parse_schedule(text)
+    assert str(sched) == canonical and S.parse_schedule(canonical) == sched
+    f = tmp_path / "budgets.json"
+    f.write_text(text)
+    assert S.parse_schedule(str(f)) == sched
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"1": [1, 3, 5, 7]}', "list of draft depths (SGLang's EAGLE --speculative-adaptive form)"),
+    ('{"1": 64, "8": "16"}', "batch size 8: budget '16' is not an integer"),
+    ('{"1": true}', "budget True is not an integer"),
+    ('{"0": 64}', "batch size '0' must be >= 1"),
+    ('{"x": 64}', "batch size 'x'"),
+    ('{"1": 2000}', "budget 2000 is out of range"),
+    ('{"1": 64,', "not valid JSON"),
+    ("{}", "expected a non-empty JSON object"),
+    ("/nonexistent/b.json", "cannot read the schedule file /nonexistent/b.json"),
+])
+def test_parse_sglang_json_shape_bad(text, message):
+    with pytest.raises(S.ScheduleError) as err:
+        S.parse_schedule(text, source="--speculative-ddtree-budget")
+    assert str(err.value).startswith("--speculative-ddtree-budget")
+    assert message in str(err.value), str(err.value)
+
+
 def test_parse_non_string():
     with pytest.raises(S.ScheduleError, match="expected a budget N or a schedule"):
         S.parse_schedule(64)

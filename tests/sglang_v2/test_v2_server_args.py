@@ -49,6 +49,10 @@ def publish(sa):
 
 common = ["--model-path", tgt, "--skip-tokenizer-init", "--attention-backend", "triton", "--grammar-backend", "none",
           "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drf]
+import os, tempfile
+json_file = os.path.join(tempfile.mkdtemp(), "budgets.json")  # SGLang's adaptive shape, as a file
+with open(json_file, "w") as fh:
+    fh.write('{"1": 2, "4": 0}')
 CASES = {
     "chain": [], "b15": ["--speculative-ddtree-budget", "15"], "b2": ["--speculative-ddtree-budget", "2"],
     "b64_block8": ["--speculative-ddtree-budget", "64", "--speculative-dflash-block-size", "8"],
@@ -64,6 +68,8 @@ CASES = {
     "block64": ["--speculative-ddtree-budget", "15", "--speculative-dflash-block-size", "64"],
     "sched": ["--speculative-ddtree-budget", "1:64,8:32,16:16,32:0"],
     "sched_chain_wider": ["--speculative-ddtree-budget", "1:2,4:0"],
+    "sched_json": ["--speculative-ddtree-budget", '{"1": 64, "8": 32, "16": 16, "32": 0}'],
+    "sched_json_file": ["--speculative-ddtree-budget", json_file],
     "sched_no_chain": ["--speculative-ddtree-budget", "1:15,4:7"],
     "auto": ["--speculative-ddtree-budget", "auto"],
     "auto_block8": ["--speculative-ddtree-budget", "AUTO", "--speculative-dflash-block-size", "8"],
@@ -233,6 +239,8 @@ SCHEDULES = {  # case: (canonical schedule, largest budget, widest verify with t
     "sched": ("1:64,8:32,16:16,32:0", 64, 65),
     "sched_chain_wider": ("1:2,4:0", 2, 4),  # the chain's block (4) is wider than the b2 tree (3)
     "sched_no_chain": ("1:15,4:7", 15, 16),
+    "sched_json": ("1:64,8:32,16:16,32:0", 64, 65),  # SGLang's adaptive shape, inline
+    "sched_json_file": ("1:2,4:0", 2, 4),  # and from a .json file
 }
 
 

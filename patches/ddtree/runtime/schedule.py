@@ -7,7 +7,9 @@ budget; 0 means "run the plain DFlash chain for this round".
 
 Text form: one budget ``N`` (every batch size), or ``T:B,T:B,...`` with batch-size thresholds ``T`` strictly
 increasing from 1 and budgets ``B >= 0``: the budget of a batch of size ``bs`` is that of the entry with the largest
-threshold ``<= bs``. ``1:64,8:32,16:16,32:0`` = b64 below 8, b32 from 8, b16 from 16, the chain from 32.
+threshold ``<= bs``. ``1:64,8:32,16:16,32:0`` = b64 below 8, b32 from 8, b16 from 16, the chain from 32. The same schedule in the
+shape SGLang's ``--speculative-adaptive`` uses, keyed by batch size: ``{"1": 64, "8": 32, "16": 16, "32": 0}``
+(inline, or a path to a ``.json`` file holding it); it parses to the same ``Schedule``.
 
 Pure Python (stdlib only, no torch): the serving glue (``ddtree_v2.config``), the online refit in the worker and
 the product's ``tune`` command all share it. Vendored with the runtime; importable by path on its own
@@ -16,6 +18,7 @@ the product's ``tune`` command all share it. Vendored with the runtime; importab
 from __future__ import annotations
 
 import heapq
+import json
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
@@ -114,15 +117,54 @@ def _int(text: str, what: str, source: str) -> int:
     return int(text)
 
 
+def _parse_json_schedule(body: str, source: str) -> Schedule:
+    """SGLang's adaptive shape, keyed by batch size: ``{"1": 64, "8": 16, "32": 0}``. Each key is the smallest batch
+    size its budget applies to (the smallest key also covers the sizes below it), as in ``T:B`` text."""
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise ScheduleError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); expected "
+                            'an object of batch size -> budget like {"1": 64, "8": 16, "32": 0}') from None
+    if not isinstance(doc, dict) or not doc:
+        raise ScheduleError(f'{source}: expected a non-empty JSON object of batch size -> budget like {{"1": 64, '
+                            f'"8": 16, "32": 0}}, got {type(doc).__name__}')
+    by_bs: dict[int, int] = {}
+    for key, value in doc.items():
+        bs = _int(str(key), f"batch size {key!r}", source)
+        if bs < 1:
+            raise ScheduleError(f"{source}: batch size {key!r} must be >= 1")
+        if isinstance(value, list):
+            raise ScheduleError(f"{source}: batch size {key}: {value!r} is a list of draft depths (SGLang's EAGLE "
+                                "--speculative-adaptive form); DDTree takes one budget per batch size, e.g. 64 "
+                                "(0 = the plain DFlash chain)")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ScheduleError(f"{source}: batch size {key}: budget {value!r} is not an integer")
+        by_bs[bs] = value
+    for bs, budget in by_bs.items():
+        if budget < 0 or budget > MAX_BUDGET:
+            raise ScheduleError(f"{source}: batch size {bs}: budget {budget} is out of range: budgets are 0 (the "
+                                f"chain) to {MAX_BUDGET}")
+    return Schedule.of(by_bs)
+
+
 def parse_schedule(text: str, *, source: str = "schedule") -> Schedule:
-    """Parse ``N`` or ``T:B,T:B,...`` (see the module docstring). ``source`` starts every error message (the
-    serving glue passes the flag's name). A single ``N`` must be >= 1: a DDTree that never builds a tree is
-    spelt ``1:0``."""
+    """Parse ``N``, ``T:B,T:B,...`` (see the module docstring), SGLang's JSON shape ``{"1": 64, "8": 16, "32": 0}``
+    inline, or a path to a ``.json`` file holding that object. ``source`` starts every error message (the serving
+    glue passes the flag's name). A single ``N`` must be >= 1: a DDTree that never builds a tree is spelt ``1:0``."""
     if not isinstance(text, str):
         raise ScheduleError(f"{source}: expected a budget N or a schedule like 1:64,8:32,32:0, got {text!r}")
     body = text.strip()
     if not body:
         raise ScheduleError(f"{source}: empty value (give one budget N, or thresholds like 1:64,8:32,32:0)")
+    if body.startswith("{"):
+        return _parse_json_schedule(body, source)
+    if body.endswith(".json"):
+        try:
+            with open(body, encoding="utf-8") as fh:
+                content = fh.read()
+        except OSError as exc:
+            raise ScheduleError(f"{source}: cannot read the schedule file {body}: {exc.strerror}") from None
+        return _parse_json_schedule(content, f"{source} ({body})")
     if ":" not in body and "," not in body:
         budget = _int(body, "budget", source)
         if budget < 1:

@@ -113,13 +113,15 @@ def parse_budget(value: Any, *, version: Optional[str] = None) -> Any:
         raise ValueError(f"{BUDGET_FLAG} must be a positive integer, a schedule like 1:64,8:32,32:0, or {AUTO}; "
                          f"got {value!r}.")
     text = str(value).strip()
-    is_schedule = text.lower() == AUTO or ":" in text or "," in text
-    if is_schedule:
-        version = base_version() if version is None else version
-        if version not in SCHEDULE_BASES:
+
+    def need_schedule_base() -> None:
+        v = base_version() if version is None else version
+        if v not in SCHEDULE_BASES:
             raise ValueError(f"{BUDGET_FLAG} {text}: batch-size schedules (and {AUTO}) need the SGLang "
                              f"{' / '.join(SCHEDULE_BASES)} patch set (a verify width per captured batch size); this "
-                             f"is SGLang {version}: give one budget N.")
+                             f"is SGLang {v}: give one budget N.")
+    if text.lower() == AUTO or ":" in text or "," in text:
+        need_schedule_base()
     if text.lower() == AUTO:
         return AUTO
     sched = _schedule_mod()
@@ -127,6 +129,8 @@ def parse_budget(value: Any, *, version: Optional[str] = None) -> Any:
         schedule = sched.parse_schedule(text, source=BUDGET_FLAG)
     except sched.ScheduleError as e:
         raise ValueError(f"{e}.") from None
+    if not schedule.is_single:  # a JSON file may hold a schedule too
+        need_schedule_base()
     return schedule
 
 
