@@ -14,7 +14,9 @@
 
 After the stages the result carries what the user sees of DDTree (``ProbeResult.ddtree``): the active budget (or
 schedule), the acceptance length (the probe's replies and the server's own ``avg_spec_accept_length``) and tok/s
-(the probe's replies and the server's ``last_gen_throughput``), read from SGLang's ``/get_server_info``.
+(the probe's replies: their output tokens over their wall time), read from SGLang's ``/get_server_info``. SGLang's
+``last_gen_throughput`` is kept in the JSON only (``server_last_gen_throughput``): it is the scheduler's last
+decode-log interval, idle time counted, so it reads 0.0 or a few tok/s right after the probe's requests.
 
 ``check_release`` runs the stages that need no server (1, 2), ``check_serving`` the ones that do (3, 4): the deploy
 restarts the server between them. Baselines (what generation compares against) are recorded by ``baseline``.

@@ -191,9 +191,7 @@ def apply_cmd(
             if as_json:
                 emit_json(report.to_dict())
             else:
-                print_report(report, show_diff=diff)
-                if report.details.get("ddtree") and report.ok:
-                    out.print(f"[bold]DDTree[/bold] on {report.host}: {report.details['ddtree']}", highlight=False)
+                print_report(report, show_diff=diff)  # its probe table ends with the one DDTree line
             raise typer.Exit(report.exit_code)
         result = rollout(selected, action, max_parallel=max_parallel, max_fail=max_fail, progress=_progress)
     if not dry_run:
