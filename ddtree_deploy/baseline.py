@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .errors import OperationFailed
-from .inventory import Host
+from .inventory import Host, probe_setting
 from .launch_check import check_launch_line
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def record_baseline(prober: Prober, ctl: ServerControl, *, ddtree: bool = False)
     finally:
         ctl.restart(release=active, ddtree=active is not None)
     doc = {"recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.name, "ddtree": ddtree,
-           "release": active, "prompts": prompts, "max_new_tokens": int(host.probe.get("max_new_tokens", 32)),
+           "release": active, "prompts": prompts, "max_new_tokens": int(probe_setting(host, "max_new_tokens")),
            "outputs": [{"prompt": r["prompt"], "output_ids": r.get("output_ids"), "text": r.get("text")} for r in replies]}
     conn.call("probe", "write_json", timeout=30, path=baseline_path(host), data=doc)
     return doc

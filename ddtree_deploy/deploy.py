@@ -31,7 +31,7 @@ from typing import Any
 from . import baseline as baseline_mod
 from .decide import Decision, Observed, Step, decide, redecide_after_failed_probe
 from .errors import AbiIncompatible, DeployError, EXIT_FAILED, InputError, is_cut
-from .inventory import Host
+from .inventory import Host, server_setting
 from .overlay import Overlay
 from .ddtree_stats import describe_ddtree
 from .plan import DEFAULT_PATCHSET, Plan, dry_run_decision, plan
@@ -254,7 +254,7 @@ def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_r
     # restart only if the server ran (or tried to run) the failed release, or is not running at all
     needs_restart = server_ran_failed or not ctl.status().get("running")
     mgr.roll_back(target, failed=failed, note=why[:500], spec=server_spec(host) if needs_restart else None,
-                  timeout=float(host.server.get("stop_timeout", 20.0)) + 90)
+                  timeout=float(server_setting(host, "stop_timeout")) + 90)
     report.rolled_back_to = target
     where = f"release {target}" if target else "the installed package (no overlay)"
     # said once the host did it (this run still held the lock): a run the host gave up never prints it

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from .errors import DeployError, InputError, OperationFailed, is_cut
 from .hostops import flag_drift
-from .inventory import Host
+from .inventory import Host, server_setting
 from .ddtree_stats import _first_state, ddtree_summary
 from .server import ServerControl, base_url, require_server
 from .spec_flags import budget_of, chain_flags, is_ddtree, with_budget
@@ -219,7 +219,7 @@ class Session:
         self.before = self.server_info()
         # what the running server was started with against the host file now (a tune that wrote a schedule without
         # --apply leaves them apart): the restore starts the file's flags, so a difference there is expected
-        self.drift = flag_drift(run.conn, self.host, self.active) if self.host.server.get("kind", "none") != "none" else None
+        self.drift = flag_drift(run.conn, self.host, self.active) if server_setting(self.host, "kind") != "none" else None
         self.serving: str | None = None
         self.restarts = 0
         self.restored: dict[str, Any] | None = None

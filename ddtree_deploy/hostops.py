@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import EXIT_FAILED, InputError
-from .inventory import Host
+from .inventory import Host, server_setting
 from .baseline import baseline_path, record_baseline
 from .probe import Prober, ProbeResult
 from .release import ReleaseManager, rollback_target
@@ -73,7 +73,7 @@ def rollback(host: Host, *, to: str | None = None, to_installed: bool = False, b
             target = _rollback_target(host, state, to=to, to_installed=to_installed, force=force)
             # the release the settle put back passed its probe: leaving it now is no verdict on it
             run.mgr.roll_back(target, failed=None if undone else active, note="rolled back by hand",
-                              spec=server_spec(host), timeout=float(host.server.get("stop_timeout", 20.0)) + 90)
+                              spec=server_spec(host), timeout=float(server_setting(host, "stop_timeout")) + 90)
             left = active
         report = ApplyReport(host.name, "ok", release=target, previous=left, rolled_back_to=target,
                              details={"reconciled": run.settled} if run.settled else {})
@@ -150,7 +150,7 @@ def server_flag_drift(host: Host) -> list[str] | None:
 def releases(host: Host, journal_lines: int = 10) -> dict[str, Any]:
     with HostConnection(host) as conn:
         info = ReleaseManager(conn).show(journal_lines)
-        if host.server.get("kind", "none") != "none":
+        if server_setting(host, "kind") != "none":
             info["flag_drift"] = flag_drift(conn, host, info["state"]["active"])
         return info
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from .baseline import baseline_path
 from .ddtree_stats import ddtree_summary
 from .errors import ConnectionCut, DeployError, RemoteError, TransportError, is_cut
-from .inventory import Host
+from .inventory import Host, probe_setting
 from .server import ServerControl, base_url, become_prefix, managed_paths, server_kind, server_spec
 from .transport import HostConnection
 
@@ -99,10 +99,9 @@ def guard_spec(host: Host) -> dict[str, Any] | None:
     up (release.Lease): the server spec plus the start-up check. None for a host whose server we do not drive."""
     if server_kind(host) == "none":
         return None
-    cfg = host.probe
     return {**server_spec(host), "pid_source": _pid_source(host), "log_source": _log_source(host),
-            "health_url": base_url(host) + str(cfg.get("health_path", "/health")),
-            "startup_timeout": float(cfg.get("startup_timeout", 600.0)), "stall": float(cfg.get("startup_stall_timeout", 300.0))}
+            "health_url": base_url(host) + str(probe_setting(host, "health_path")),
+            "startup_timeout": float(probe_setting(host, "startup_timeout")), "stall": float(probe_setting(host, "startup_stall_timeout"))}
 
 
 class Prober:
@@ -115,7 +114,6 @@ class Prober:
         self.host = conn.host
         self.facts = facts
         self.progress = progress or (lambda msg: None)
-        self.cfg = self.host.probe
         self._runtime_present = False
         self._gpu_info: dict[str, Any] | None = None
         self._prefetch = False  # set by run(): the start-up call also runs the generation stage on the host
@@ -135,7 +133,7 @@ class Prober:
     # -- stage 1 -----------------------------------------------------------------------------------------------------
     def overlay(self, release: str | None) -> Stage:
         t0 = time.monotonic()
-        budget = float(self.cfg.get("overlay_timeout", 60.0))
+        budget = float(probe_setting(self.host, "overlay_timeout"))
         try:
             got = self._call("inspect", budget, root=self.host.release_root, env=self.host.server.get("env") or {},
                              runtime_subdir=RUNTIME_SUBDIR, expect=expected_sglang_dir(self.host, release),
@@ -192,7 +190,7 @@ class Prober:
         present, why = self._gpu()
         if not present:
             return Stage("selftest", "skip", time.monotonic() - t0, f"skipped: no GPU on this host ({why})")
-        budget = float(self.cfg.get("selftest_timeout", 120.0))
+        budget = float(probe_setting(self.host, "selftest_timeout"))
         try:
             got = self._call("selftest", budget, root=self.host.release_root, env=self.host.server.get("env") or {},
                              runtime_subdir=RUNTIME_SUBDIR, budget=budget)
@@ -214,14 +212,14 @@ class Prober:
     # -- stage 3 -----------------------------------------------------------------------------------------------------
     def startup(self, release: str | None) -> Stage:
         t0 = time.monotonic()
-        budget = float(self.cfg.get("startup_timeout", 600.0))
-        url = base_url(self.host) + str(self.cfg.get("health_path", "/health"))
+        budget = float(probe_setting(self.host, "startup_timeout"))
+        url = base_url(self.host) + str(probe_setting(self.host, "health_path"))
         try:
-            prompts = list(self.cfg.get("prompts") or [])
-            gen_budget = float(self.cfg.get("generation_timeout", 120.0))
-            then = {"base_url": base_url(self.host), "prompts": prompts, "max_new_tokens": int(self.cfg.get("max_new_tokens", 32)),
+            prompts = list(probe_setting(self.host, "prompts") or [])
+            gen_budget = float(probe_setting(self.host, "generation_timeout"))
+            then = {"base_url": base_url(self.host), "prompts": prompts, "max_new_tokens": int(probe_setting(self.host, "max_new_tokens")),
                     "budget": gen_budget, "baseline_path": baseline_path(self.host)} if prompts and self._prefetch else None
-            stall = float(self.cfg.get("startup_stall_timeout", 300.0))
+            stall = float(probe_setting(self.host, "startup_stall_timeout"))
             got = self._call("wait_ready", budget + (gen_budget if then else 0.0), pid_source=_pid_source(self.host),
                              log_source=_log_source(self.host), url=url, budget=budget, poll=0.1, then_generate=then,
                              stall=stall if stall < budget else 0.0)
@@ -254,7 +252,7 @@ class Prober:
         if state == "stalled":
             return Stage("startup", "fail", seconds, f"start-up made no progress: the server log was silent and /health "
                          f"failing for {got.get('silent_for', 0):.0f} s (probe.startup_stall_timeout "
-                         f"{self.cfg.get('startup_stall_timeout', 300.0):g} s; last: "
+                         f"{probe_setting(self.host, 'startup_stall_timeout'):g} s; last: "
                          f"{got.get('health_status') or got.get('health_error')})", data, tail)
         if state == "traceback":
             return Stage("startup", "fail", seconds, f"a traceback appeared in the server log after {got['seconds']:.2f} s", data, tail)
@@ -279,17 +277,17 @@ class Prober:
 
     # -- stage 4 -----------------------------------------------------------------------------------------------------
     def generate(self) -> list[dict[str, Any]]:
-        prompts = list(self.cfg.get("prompts") or [])
-        budget = float(self.cfg.get("generation_timeout", 120.0))
+        prompts = list(probe_setting(self.host, "prompts") or [])
+        budget = float(probe_setting(self.host, "generation_timeout"))
         return self._call("generate", budget, url=base_url(self.host), prompts=prompts,
-                          max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget)
+                          max_new_tokens=int(probe_setting(self.host, "max_new_tokens")), budget=budget)
 
     def generation(self) -> Stage:
         t0 = time.monotonic()
-        prompts = list(self.cfg.get("prompts") or [])
+        prompts = list(probe_setting(self.host, "prompts") or [])
         if not prompts:
             return Stage("generation", "skip", 0.0, f"no probe.prompts in {self.host.source}")
-        budget = float(self.cfg.get("generation_timeout", 120.0))
+        budget = float(probe_setting(self.host, "generation_timeout"))
         prefetched, self._generation = self._generation, None
         if prefetched is not None:  # ran on the host right after start-up, in the start-up stage's round trip
             if not prefetched["ok"]:
@@ -299,7 +297,7 @@ class Prober:
         else:
             try:
                 got = self._call("generate", budget, url=base_url(self.host), prompts=prompts,
-                                 max_new_tokens=int(self.cfg.get("max_new_tokens", 32)), budget=budget,
+                                 max_new_tokens=int(probe_setting(self.host, "max_new_tokens")), budget=budget,
                                  baseline_path=baseline_path(self.host))
             except DeployError as exc:
                 if isinstance(exc, ConnectionCut):
@@ -310,7 +308,7 @@ class Prober:
         if baseline is None:
             return Stage("generation", "skip", time.monotonic() - t0,
                          f"no baseline recorded at {baseline_path(self.host)} (run `ddtree-deploy probe {self.host.name} --record-baseline`)")
-        if baseline.get("prompts") != prompts or baseline.get("max_new_tokens") != int(self.cfg.get("max_new_tokens", 32)):
+        if baseline.get("prompts") != prompts or baseline.get("max_new_tokens") != int(probe_setting(self.host, "max_new_tokens")):
             return Stage("generation", "fail", time.monotonic() - t0,
                          "the recorded baseline was made with other prompts or max_new_tokens than the host file now has; "
                          f"re-record it (`ddtree-deploy probe {self.host.name} --record-baseline`)")
@@ -328,7 +326,7 @@ class Prober:
                 return Stage("generation", "fail", time.monotonic() - t0,
                              f"prompt {got['prompt']!r}: output differs from the baseline at {('token' if key == 'output_ids' else 'character')} "
                              f"{idx} (got {_snip(a, idx)}, baseline {_snip(b, idx)})", data)
-        min_accept = float(self.cfg.get("min_accept_length", 0.0))
+        min_accept = float(probe_setting(self.host, "min_accept_length"))
         if min_accept and (mean_accept is None or mean_accept < min_accept):
             return Stage("generation", "fail", time.monotonic() - t0,
                          f"speculative acceptance length {mean_accept} below probe.min_accept_length {min_accept}", data)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InputError
-from .inventory import Host
+from .inventory import Host, server_setting
 from .transport import HostConnection
 
 DROPIN_NAME = "50-ddtree.conf"
 
 
 def server_kind(host: Host) -> str:
-    return host.server.get("kind", "none")
+    return server_setting(host, "kind")
 
 
 def require_server(host: Host) -> None:
@@ -39,11 +39,11 @@ def require_server(host: Host) -> None:
 def launch_command(host: Host, *, ddtree: bool = True) -> str:
     """The host file's command template with its placeholders filled (values shell-quoted)."""
     srv = host.server
-    template = srv.get("command", "")
+    template = server_setting(host, "command")
     values = {
         "python": shlex.quote(host.python),
-        "host": shlex.quote(str(srv.get("host", "127.0.0.1"))),
-        "port": str(srv.get("port", 30000)),
+        "host": shlex.quote(str(server_setting(host, "host"))),
+        "port": str(server_setting(host, "port")),
         "release_root": shlex.quote(host.release_root),
         "ddtree_flags": srv.get("ddtree_flags", "") if ddtree else "",
     }
@@ -102,8 +102,8 @@ def server_spec(host: Host) -> dict[str, Any]:
     """What the host needs to start, stop and restart its server by itself (remote/server.py ``control``): used by
     every server step of a run and by the host's guardian when it rolls a run back on its own."""
     kind = server_kind(host)
-    spec: dict[str, Any] = {"kind": kind, "stop_timeout": float(host.server.get("stop_timeout", 20.0)),
-                            "port": int(host.server.get("port", 30000)), "env": server_env(host)}
+    spec: dict[str, Any] = {"kind": kind, "stop_timeout": float(server_setting(host, "stop_timeout")),
+                            "port": int(server_setting(host, "port")), "env": server_env(host)}
     if kind == "systemd":
         spec.update(unit=host.server["unit"], unit_dir=str(host.server.get("unit_dir") or "/etc/systemd/system"),
                     become=become_prefix(host), dropin_on=render_dropin(host, ddtree=True),
@@ -163,7 +163,7 @@ class ServerControl:
         require_server(self.host)
         if self.kind == "systemd":
             return self._call("systemd_status", unit=self.host.server["unit"], lines=lines, become=become_prefix(self.host))
-        return self._call("status", root=self.host.release_root, lines=lines, port=int(self.host.server.get("port", 30000)))
+        return self._call("status", root=self.host.release_root, lines=lines, port=int(server_setting(self.host, "port")))
 
     def launch(self) -> dict[str, Any] | None:
         """What the running server was started with (remote/server.py ``launch``): None when not recorded."""
