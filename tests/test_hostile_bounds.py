@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy import hostpaths
-from ddtree_deploy.errors import InputError, RemoteError
+from ddtree_deploy.errors import InputError, OperationFailed, RemoteError
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.replies import REPLY_MAX, parse
+from ddtree_deploy.snapshot import SnapshotStore
+from ddtree_deploy.snapshot.manifest import check_manifest
 from ddtree_deploy.snapshot.receiver import receive_blobs
 from ddtree_deploy.snapshot.store import Store
 from ddtree_deploy.transport import Capture
@@ -82,6 +84,26 @@ def test_blobs_are_stored_a_chunk_at_a_time_and_verified(tmp_path: Path) -> None
         receive_blobs(str(store.incoming), bad, {p: str(store.blob_path(s)) for p, s in bad.items()},
                       buf, sizes={p: len(d) for p, d in files.items()})
     assert store.temporaries() == [] and not store.has_blob("0" * 64)
+
+
+@pytest.mark.parametrize("sha", ["../../victim", "<absolute>", "A" * 64, "0" * 63, ""])
+def test_a_content_hash_that_is_not_a_sha256_is_refused_before_it_names_a_file(tmp_path: Path, sha: str) -> None:
+    """A host that names a file's content ``../../victim`` (or an absolute path) would make the store's check of the
+    blobs it holds stat, hash and remove that file: the manifest is refused on arrival, and the store refuses the
+    name as well."""
+    victim = tmp_path / "victim"  # what the store's objects/../../victim names
+    victim.write_text("kept")
+    sha = str(victim) if sha == "<absolute>" else sha
+    raw = {"files": {"sglang/__init__.py": [hashlib.sha256(b"").hexdigest(), 0, 0o644],
+                     "sglang/version.py": [sha, 4, 0o644]}, "links": {}}
+    with pytest.raises(OperationFailed, match=r"'sglang/version.py' the content hash .* is not a sha256") as info:
+        check_manifest("gpu1", "sglang", raw)
+    assert "refusing the snapshot (nothing was stored)" in str(info.value)
+    store = SnapshotStore(tmp_path / "store")
+    store.open_for_write()
+    with pytest.raises(InputError, match="is not a sha256"):
+        store.intact_blobs({sha: 4})
+    assert victim.read_text() == "kept"
 
 
 def test_capture_keeps_a_head_or_a_tail() -> None:

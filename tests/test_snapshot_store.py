@@ -324,6 +324,13 @@ def test_blob_path_is_content_addressed_and_stable(tmp_path: Path) -> None:
                                                                           for p in FILES}
 
 
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "0" * 63, "0" * 65, "F" * 64, ""])
+def test_blob_path_refuses_a_name_that_is_not_a_sha256(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InputError, match="not a sha256") as info:
+        SnapshotStore(tmp_path).blob_path(name)
+    assert str(tmp_path) in str(info.value)
+
+
 @pytest.mark.parametrize("name", ["objects", "store.json", ".hidden", "a/b", ""])
 def test_names_the_layout_reserves_cannot_be_hosts(tmp_path: Path, name: str) -> None:
     with pytest.raises(InputError, match="cannot name a snapshot directory"):

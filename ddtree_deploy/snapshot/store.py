@@ -51,6 +51,7 @@ _INFO = "snapshot.json"
 _FACTS = "facts.json"
 _MANIFEST = "manifest.json"
 _ID_RE = re.compile(r"^[0-9a-f]{12}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 #: Names under the root that are not host directories.
 RESERVED = frozenset({_OBJECTS, STORE_FILE})
 
@@ -178,8 +179,12 @@ class Store:
 
     # -- blobs ---------------------------------------------------------------------------------------------------------
     def blob_path(self, sha256: str) -> Path:
-        """Where the blob of content ``sha256`` lies (whether or not the store holds it)."""
+        """Where the blob of content ``sha256`` lies (whether or not the store holds it). A name that is not a
+        sha256 (64 lowercase hex digits) is refused: it could name a path outside the store."""
         self.format()
+        if not is_sha256(sha256):
+            raise InputError(f"snapshot store {self.root}: {str(sha256)[:80]!r} is not a sha256 (64 hex digits), so "
+                             "not the name of a blob")
         return self.objects / sha256
 
     def has_blob(self, sha256: str) -> bool:
@@ -325,6 +330,11 @@ class Store:
 def blob_key(st: os.stat_result) -> list[int]:
     """What the verified-blob record keeps of a blob's stat: a blob whose key changed is hashed again."""
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def is_sha256(name: object) -> bool:
+    """Whether ``name`` is a sha256 as blobs are named: 64 lowercase hex digits."""
+    return isinstance(name, str) and _SHA256_RE.match(name) is not None
 
 
 def check_host_name(name: str) -> None:
