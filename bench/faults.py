@@ -913,9 +913,12 @@ def hostile_patchset(kind: str, variant: Path, dest: Path, secret: Path) -> Path
 
 
 def nothing_stored(store: Path, host: str) -> bool:
-    """No blob (nor a temporary one) and no snapshot entry of ``host`` in the snapshot store ``store``."""
-    return not [f for f in store.rglob("*") if f.is_file() and (f.parent.name in ("objects", ".incoming")
-                                                                 or host in f.parts)]
+    """No blob (nor a temporary one) and no snapshot entry of ``host`` (nor a temporary one) in the snapshot store
+    ``store``."""
+    from ddtree_deploy.snapshot import SnapshotStore
+
+    snapshots = SnapshotStore(store)
+    return not snapshots.stored_blobs() and not snapshots.temporaries() and not snapshots.list(host)
 
 
 def host_listing(conn: HostConnection, *roots: str) -> str:

@@ -17,7 +17,7 @@
 - ``sglang``: the dist-info directory, wheel tags, ``root_is_purelib`` and ``compiled``: every ``.so`` inside the
   package with its ``needed`` libraries, ``links_libtorch`` and the newest ``glibc_max`` symbol version it needs.
 
-Facts are kept with every snapshot (``snapshots/<host>/<id>/facts.json``) and are what ``ddtree_deploy.abi``
+Facts are kept with every snapshot (in the store: ``ddtree_deploy.snapshot.store``) and are what ``ddtree_deploy.abi``
 reasons over. ``schema`` versions the record; ``host`` and ``collected_at`` are added here, locally.
 """
 

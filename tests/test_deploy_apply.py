@@ -17,6 +17,7 @@ import pytest
 from ddtree_deploy.deploy import plan
 from ddtree_deploy.release import ReleaseManager
 from ddtree_deploy.server import ServerControl
+from ddtree_deploy.snapshot import SnapshotStore
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import remove_root, write_host_yaml
 
@@ -199,9 +200,10 @@ def test_fleet_rerun_is_unchanged_everywhere(e2e, sandbox):
                                 server=dict(sandbox.base.server, port=_free_port(exclude={host.server["port"]})),
                                 probe=dict(host.probe))
     write_host_yaml(other, Path(env["DDTREE_INVENTORY"]))
-    store = Path(env["DDTREE_SNAPSHOTS"])  # the same machine: start from its snapshot (no second torch import)
-    latest = max((store / host.name).iterdir(), key=lambda p: json.loads((p / "snapshot.json").read_text())["created"])
-    shutil.copytree(latest, store / other.name / latest.name)
+    # the same machine: start from its snapshot (no second torch import)
+    store = SnapshotStore(Path(env["DDTREE_SNAPSHOTS"]))
+    latest = store.latest(host.name)
+    shutil.copytree(latest.path, store.entry_dir(other.name, latest.id))
     try:
         first = _cli(env, "apply", "--host", host.name, "--host", other.name, "--no-baseline", "--json")
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

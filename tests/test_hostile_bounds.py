@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy import hostpaths
-from ddtree_deploy.errors import InputError, RemoteError
+from ddtree_deploy.errors import InputError, OperationFailed, RemoteError
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.replies import REPLY_MAX, parse
+from ddtree_deploy.snapshot import SnapshotStore
+from ddtree_deploy.snapshot.manifest import check_manifest
 from ddtree_deploy.snapshot.receiver import receive_blobs
+from ddtree_deploy.snapshot.store import Store
 from ddtree_deploy.transport import Capture
 
 
@@ -46,7 +49,8 @@ def _header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
 def test_a_tar_member_is_refused_from_its_header(tmp_path: Path, name, size, kind, why) -> None:
     stream = Counting(_header(name, size, kind))
     with pytest.raises(ValueError, match=why):
-        receive_blobs(str(tmp_path), str(tmp_path), {"sglang/a.py": "0" * 64}, stream, sizes={"sglang/a.py": 10})
+        receive_blobs(str(tmp_path), {"sglang/a.py": "0" * 64}, {"sglang/a.py": str(tmp_path / ("0" * 64))}, stream,
+                      sizes={"sglang/a.py": 10})
     assert stream.read_bytes <= 1024  # the header (and, for a GNU long name, its record): never the data
     assert list(tmp_path.iterdir()) == []
 
@@ -54,7 +58,7 @@ def test_a_tar_member_is_refused_from_its_header(tmp_path: Path, name, size, kin
 def test_a_pax_record_over_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
     stream = Counting(_header("././@PaxHeader", 64 << 20, tarfile.XHDTYPE))
     with pytest.raises(ValueError, match="over the 1048576-byte limit"):
-        receive_blobs(str(tmp_path), str(tmp_path), {}, stream)
+        receive_blobs(str(tmp_path), {}, {}, stream)
     assert stream.read_bytes == 512
 
 
@@ -67,18 +71,39 @@ def test_blobs_are_stored_a_chunk_at_a_time_and_verified(tmp_path: Path) -> None
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     wanted = {p: hashlib.sha256(d).hexdigest() for p, d in files.items()}
-    (tmp_path / "objects").mkdir()
-    (tmp_path / "incoming").mkdir()
+    store = Store(tmp_path / "store")
+    store.open_for_write()
     buf.seek(0)
-    got = receive_blobs(str(tmp_path / "objects"), str(tmp_path / "incoming"), wanted, buf,
+    got = receive_blobs(str(store.incoming), wanted, {p: str(store.blob_path(s)) for p, s in wanted.items()}, buf,
                         sizes={p: len(d) for p, d in files.items()})
     assert got["stored"] == 2 and got["bytes"] == sum(map(len, files.values()))
-    assert {(tmp_path / "objects" / s).read_bytes() for s in wanted.values()} == set(files.values())
+    assert {store.blob_path(s).read_bytes() for s in wanted.values()} == set(files.values())
     buf.seek(0)
+    bad = {**wanted, "sglang/small.py": "0" * 64}
     with pytest.raises(ValueError, match="arrived with sha256"):
-        receive_blobs(str(tmp_path / "objects"), str(tmp_path / "incoming"), {**wanted, "sglang/small.py": "0" * 64},
+        receive_blobs(str(store.incoming), bad, {p: str(store.blob_path(s)) for p, s in bad.items()},
                       buf, sizes={p: len(d) for p, d in files.items()})
-    assert list((tmp_path / "incoming").iterdir()) == []
+    assert store.temporaries() == [] and not store.has_blob("0" * 64)
+
+
+@pytest.mark.parametrize("sha", ["../../victim", "<absolute>", "A" * 64, "0" * 63, ""])
+def test_a_content_hash_that_is_not_a_sha256_is_refused_before_it_names_a_file(tmp_path: Path, sha: str) -> None:
+    """A host that names a file's content ``../../victim`` (or an absolute path) would make the store's check of the
+    blobs it holds stat, hash and remove that file: the manifest is refused on arrival, and the store refuses the
+    name as well."""
+    victim = tmp_path / "victim"  # what the store's objects/../../victim names
+    victim.write_text("kept")
+    sha = str(victim) if sha == "<absolute>" else sha
+    raw = {"files": {"sglang/__init__.py": [hashlib.sha256(b"").hexdigest(), 0, 0o644],
+                     "sglang/version.py": [sha, 4, 0o644]}, "links": {}}
+    with pytest.raises(OperationFailed, match=r"'sglang/version.py' the content hash .* is not a sha256") as info:
+        check_manifest("gpu1", "sglang", raw)
+    assert "refusing the snapshot (nothing was stored)" in str(info.value)
+    store = SnapshotStore(tmp_path / "store")
+    store.open_for_write()
+    with pytest.raises(InputError, match="is not a sha256"):
+        store.intact_blobs({sha: 4})
+    assert victim.read_text() == "kept"
 
 
 def test_capture_keeps_a_head_or_a_tail() -> None:

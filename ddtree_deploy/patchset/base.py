@@ -140,8 +140,8 @@ class SnapshotBase(BaseSource):
         if isinstance(snapshot, str):
             store = store if store is not None else _default_store()
             snapshot = store.get(snapshot)
-        elif store is None:  # a Snapshot object: its store is two levels up (<root>/<host>/<id>/)
-            store = _default_store(Path(snapshot.path).parent.parent)
+        elif store is None:  # a Snapshot object: it knows the store that holds it
+            store = _default_store(Path(snapshot.store_root))
         self.store = store
         self.snapshot = snapshot
         self.package = package or getattr(snapshot, "package", None) or "sglang"

@@ -1,12 +1,8 @@
 """Content-addressed snapshots of the SGLang installed on a host: exact bytes, a hash manifest and the host's facts.
 
-Store layout (root: ``--store``, ``$DDTREE_SNAPSHOTS``, the checkout's ``snapshots/`` or ``$XDG_DATA_HOME/ddtree-deploy/snapshots``)::
-
-    objects/<sha256>                 one read-only blob per distinct file content, shared by every host
-    objects/.incoming/<pid>-<rand>   blobs being received; renamed into place only once their hash matched
-    <host>/<id>/snapshot.json        id, host, created, package version, counts, transfer statistics
-    <host>/<id>/facts.json           ddtree_deploy.facts record
-    <host>/<id>/manifest.json        {"files": {path: {"sha256", "size", "mode"}}, "links": {path: target}}
+The store's files and their format (format 1: ``store.json``, ``objects/<sha256>`` blobs shared by every host,
+``<host>/<id>/`` entries of snapshot metadata, facts and manifest) belong to ``store``, the one module that knows
+them; older stores are upgraded there the first time they are written, and a store of a newer format is refused.
 
 Paths in a manifest are relative to site-packages (``sglang/srt/server_args.py``) and cover the package and its
 dist-info directory (``__pycache__`` is left out: it is derived, host-specific and rebuilt by every release).
@@ -15,8 +11,8 @@ Why it is built this way:
 
 - Only blobs the store lacks cross the wire, as one ``tar`` stream (``zstd -1`` compressed when both ends have zstd:
   paramiko's per-byte cost is the bottleneck). A separate receiver process (stdlib only, its own CPU, out of the
-  GIL that paramiko's thread holds) reads the stream, hashes every blob on arrival and renames it into
-  ``objects/`` only when it matches the manifest, so a half-received file never looks like a blob. Member names
+  GIL that paramiko's thread holds) reads the stream, hashes every blob on arrival and renames it to its place in
+  the store only when it matches the manifest, so a half-received file never looks like a blob. Member names
   are only looked up in the list we asked for, never used as paths.
 - The entry directory is written under a temporary name and renamed last, so an interrupted snapshot leaves no
   entry, and the blobs that did arrive are complete and verified (harmless, and reused by the next attempt).
@@ -29,11 +25,12 @@ Why it is built this way:
 
 - The store trusts nothing it did not check: a manifest from a host with a path that leaves the package (``..``,
   absolute, outside the package and its dist-info) is refused before anything is stored; a blob already in the
-  store is re-hashed when its stat changed since it was last verified (``.verified-blobs.json``), and a damaged
-  one is fetched again by the next snapshot; ``repair`` fetches the damaged blobs of a snapshot from its host;
+  store is re-hashed when its stat changed since it was last verified (the store's record of verified blobs), and
+  a damaged one is fetched again by the next snapshot; ``repair`` fetches the damaged blobs of a snapshot from its host;
   ``materialize`` (the patch-set work trees) refuses a blob whose content does not match its hash.
 
-The package, by job: this module is the store (blobs, entries, reading, verify, materialize, diff); ``take``
+The package, by job: this module is the store's public face (reading and checking blobs, lookup, verify,
+materialize, diff); ``store`` (the on-disk format: layout, entries, listing, upgrade); ``take``
 (taking and repairing a snapshot from a host), ``transfer`` (the tar stream of missing blobs: command, pump,
 verdict), ``receiver`` (the blob receiver process), ``manifest`` (digest and the refusal of a hostile manifest).
 
@@ -46,10 +43,7 @@ paths=None)`` and ``diff(a, b)``; ``Snapshot`` with ``id``, ``host``, ``created`
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -60,12 +54,11 @@ from ..errors import InputError
 from ..inventory import Host
 from ..transport import HostConnection
 from .manifest import manifest_digest
+from .store import FORMAT, Snapshot, Store, blob_key
 
 #: ``progress(stage, done, total)``: stage is "manifest", "transfer" or "done"; byte counts for "transfer".
 Progress = Callable[[str, int, int], None]
 
-_ID_RE = re.compile(r"^[0-9a-f]{12}$")
-_RESERVED = {"objects"}
 _READ = 1 << 20
 
 
@@ -89,65 +82,18 @@ class SnapshotStats:
     wire_bytes: int = 0
 
 
-class Snapshot:
-    """One recorded snapshot. ``facts`` and ``manifest`` are read from disk on first use (manifests are large)."""
-
-    def __init__(self, path: Path, info: dict[str, Any]) -> None:
-        self.path = path
-        self.info = info
-        self._facts: dict[str, Any] | None = None
-        self._manifest_doc: dict[str, Any] | None = None
-
-    id = property(lambda self: self.info["id"])
-    host = property(lambda self: self.info["host"])
-    created = property(lambda self: self.info["created"])
-    package_version = property(lambda self: self.info.get("package_version"))
-    package = property(lambda self: self.info.get("package", "sglang"))
-
-    @property
-    def facts(self) -> dict[str, Any]:
-        if self._facts is None:
-            self._facts = json.loads((self.path / "facts.json").read_text())
-        return self._facts
-
-    def _doc(self) -> dict[str, Any]:
-        if self._manifest_doc is None:
-            self._manifest_doc = json.loads((self.path / "manifest.json").read_text())
-        return self._manifest_doc
-
-    @property
-    def manifest(self) -> dict[str, dict[str, Any]]:
-        """``{path: {"sha256", "size", "mode"}}`` for every regular file, paths relative to site-packages."""
-        return self._doc()["files"]
-
-    @property
-    def links(self) -> dict[str, str]:
-        return self._doc().get("links", {})
-
-    def __repr__(self) -> str:
-        return f"Snapshot({self.id} {self.host} {self.package}=={self.package_version} {self.created})"
-
-
-class SnapshotStore:
-    """The local snapshot store shared by all hosts (see the module docstring for its layout)."""
+class SnapshotStore(Store):
+    """The local snapshot store shared by all hosts; its files and their format are ``store.Store``'s."""
 
     def __init__(self, root: Path | None = None) -> None:
-        self.root = Path(root) if root is not None else default_root()
-        self.objects = self.root / "objects"
-        self.incoming = self.objects / ".incoming"
+        super().__init__(Path(root) if root is not None else default_root())
 
     # -- blobs ---------------------------------------------------------------------------------------------------------
-    def blob_path(self, sha256: str) -> Path:
-        return self.objects / sha256
-
-    def has_blob(self, sha256: str) -> bool:
-        return (self.objects / sha256).is_file()
-
     def read_blob(self, sha256: str, *, path: str, snapshot_id: str) -> bytes:
         """The bytes of one blob, checked against its name: a missing or damaged blob is refused (bad input: the
         store), naming the file and the command that mends it. Every reader of base files goes through here."""
         try:
-            data = (self.objects / sha256).read_bytes()
+            data = self.blob_path(sha256).read_bytes()
         except FileNotFoundError:
             raise InputError(f"snapshot {snapshot_id}: the blob of {path} is missing from the store {self.objects}",
                              hint=f"`ddtree-deploy snapshot verify {snapshot_id} --repair` fetches it again") from None
@@ -163,12 +109,12 @@ class SnapshotStore:
         cache = {} if refresh else self._verified()
         good: dict[str, list[int]] = {}
         for sha, size in wanted.items():
-            blob = self.objects / sha
+            blob = self.blob_path(sha)
             try:
                 st = blob.stat()
             except OSError:
                 continue
-            key = _blob_key(st)
+            key = blob_key(st)
             if cache.get(sha) == key or (st.st_size == size and _hash_path(blob) == sha):
                 good[sha] = key
             else:
@@ -176,46 +122,6 @@ class SnapshotStore:
         if any(cache.get(k) != v for k, v in good.items()):
             self._save_verified({**cache, **good})
         return set(good)
-
-    def _verified(self) -> dict[str, list[int]]:
-        try:
-            return json.loads((self.root / ".verified-blobs.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _save_verified(self, cache: dict[str, list[int]]) -> None:
-        path = self.root / ".verified-blobs.json"
-        tmp = path.with_name(f".verified-blobs.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(cache, separators=(",", ":")))
-            tmp.replace(path)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # a cache we cannot write only costs a re-hash next time
-
-    def _record_verified(self, shas: Iterable[str]) -> None:
-        """Blobs the receiver stored were hashed on arrival: record them, so the next snapshot only stats them."""
-        cache = self._verified()
-        for sha in shas:
-            try:
-                cache[sha] = _blob_key((self.objects / sha).stat())
-            except OSError:
-                continue
-        self._save_verified(cache)
-
-    def _sweep(self, host_name: str) -> None:
-        """Remove what snapshot processes that no longer run left behind (killed mid-transfer or mid-write):
-        temporary blobs ``objects/.incoming/<pid>-*`` and temporary entries ``<host>/.tmp-<id>-<pid>``."""
-        if self.incoming.is_dir():
-            for tmp in self.incoming.iterdir():
-                pid = tmp.name.split("-", 1)[0]
-                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                    tmp.unlink(missing_ok=True)
-        host_dir = self.root / host_name
-        if host_dir.is_dir():
-            for tmp in host_dir.glob(".tmp-*"):
-                pid = tmp.name.rsplit("-", 1)[-1]
-                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
 
     # -- taking a snapshot (snapshot.take) ---------------------------------------------------------------------------
     def take(self, host: Host, progress: Progress | None = None, *, connection: HostConnection | None = None,
@@ -230,24 +136,6 @@ class SnapshotStore:
         return take(self, host, progress, connection=connection, refresh=refresh, package=package)
 
     # -- reading ---------------------------------------------------------------------------------------------------
-    def list(self, host: str | None = None) -> list[Snapshot]:
-        """Snapshots, oldest first; only complete entries (temporary directories are never listed)."""
-        if not self.root.is_dir():
-            return []
-        hosts = [self.root / host] if host else [p for p in self.root.iterdir() if p.is_dir() and p.name not in _RESERVED]
-        found = []
-        for hdir in hosts:
-            if not hdir.is_dir():
-                continue
-            for entry in hdir.iterdir():
-                if _ID_RE.match(entry.name) and (entry / "snapshot.json").is_file():
-                    found.append(Snapshot(entry, json.loads((entry / "snapshot.json").read_text())))
-        return sorted(found, key=lambda s: s.created)
-
-    def latest(self, host_name: str) -> Snapshot | None:
-        snaps = self.list(host_name)
-        return snaps[-1] if snaps else None
-
     def get(self, id_or_prefix: str) -> Snapshot:
         """A snapshot by id, unique id prefix (4+ characters), or host name (its latest snapshot)."""
         ref = id_or_prefix.strip()
@@ -349,10 +237,6 @@ class SnapshotStore:
         }
 
 
-def _blob_key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-
-
 def _hash_path(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -361,9 +245,4 @@ def _hash_path(path: Path) -> str:
     return h.hexdigest()
 
 
-def _check_host_name(name: str) -> None:
-    if not name or name in _RESERVED or name.startswith(".") or "/" in name or "\0" in name:
-        raise InputError(f"host name {name!r} cannot name a snapshot directory (reserved, hidden or has '/')")
-
-
-__all__ = ["Snapshot", "SnapshotStore", "SnapshotStats", "Progress", "default_root", "manifest_digest"]
+__all__ = ["FORMAT", "Snapshot", "SnapshotStore", "SnapshotStats", "Progress", "default_root", "manifest_digest"]

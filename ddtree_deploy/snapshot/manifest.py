@@ -1,4 +1,5 @@
-"""What a snapshot's manifest is and may be: its digest, and the refusal of a manifest that leaves the package."""
+"""What a snapshot's manifest is and may be: its digest, and the refusal of a manifest that leaves the package or
+names content by anything but a sha256."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from typing import Any
 
 from ..errors import OperationFailed
+from .store import is_sha256
 
 
 def manifest_digest(files: dict[str, dict[str, Any]], links: dict[str, str] | None = None) -> str:
@@ -22,8 +24,10 @@ def manifest_digest(files: dict[str, dict[str, Any]], links: dict[str, str] | No
 
 def check_manifest(host_name: str, package: str, raw: dict[str, Any]) -> None:
     """Refuse a manifest from a host whose paths leave the package: absolute, with ``..``, a backslash or NUL, or
-    outside ``<package>/`` and its dist-info; and links whose targets leave them. Checked on arrival, before
-    anything is stored (a hostile or broken host must not name files the store or a work tree would write)."""
+    outside ``<package>/`` and its dist-info; links whose targets leave them; and a content hash that is not a
+    sha256 (the store names its blobs by it: ``../x`` or an absolute path would name a file outside the store, which
+    the check of the blobs already held would remove). Checked on arrival, before anything is stored (a hostile or
+    broken host must not name files the store or a work tree would write)."""
     tops = {package}
     if raw.get("dist_info"):
         tops.add(str(raw["dist_info"]))
@@ -43,6 +47,11 @@ def check_manifest(host_name: str, package: str, raw: dict[str, Any]) -> None:
         if why:
             raise OperationFailed(f"host {host_name}: its manifest names {path!r}, which {why}; refusing the snapshot "
                                   "(nothing was stored)")
+    for path, entry in (raw.get("files") or {}).items():
+        sha = entry[0] if isinstance(entry, (list, tuple)) and entry else entry
+        if not is_sha256(sha):
+            raise OperationFailed(f"host {host_name}: its manifest gives {path!r} the content hash {str(sha)[:80]!r}, "
+                                  "which is not a sha256 (64 hex digits); refusing the snapshot (nothing was stored)")
     for path, target in (raw.get("links") or {}).items():
         joined = os.path.normpath(os.path.join(os.path.dirname(path), str(target)))
         if str(target).startswith("/") or bad(joined):

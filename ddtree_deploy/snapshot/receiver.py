@@ -1,10 +1,14 @@
 """The snapshot's blob receiver: a separate process that reads the tar stream of blobs, hashes each on arrival and
-renames it into ``objects/`` only when it matches the manifest.
+renames it to its place in the store only when it matches the manifest.
 
 It runs as its own process (``python -I -S <this file> JOB PROGRESS_FD``, stdlib only): paramiko decrypts in a
 thread of the control process, and per-file work there (open, write, rename: each releases the GIL) would queue
 behind it. Out of process it runs on its own CPU, which made the first snapshot of 0.5.23 (5,645 blobs) more than
 twice as fast. ``snapshot.transfer`` starts it and feeds it the stream on its stdin.
+
+It knows nothing of the store's layout (``snapshot.store``; it could not import it): the job names the path of
+every blob it may store and the directory for its temporaries, which it names ``<its pid>-<random>`` so the
+store can tell whether their writer still runs.
 """
 
 from __future__ import annotations
@@ -100,9 +104,10 @@ def tar_entries(stream: Any) -> Any:
             pass
 
 
-def receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: Any,
+def receive_blobs(incoming: str, wanted: dict[str, str], places: dict[str, str], stream: Any,
                   on_stored: Any = None, sizes: dict[str, int] | None = None) -> dict[str, Any]:
-    """Read a tar stream, storing each wanted regular file as ``objects/<sha256>`` once its hash matched.
+    """Read a tar stream, storing each wanted regular file (``wanted``: name -> sha256) at its place in the store
+    (``places``: name -> blob path) once its hash matched.
 
     Runs in a child process (this file run as a script: see ``main``). Member names are only looked up in
     ``wanted``, never used as paths, so a hostile or broken host cannot write outside the store. Each member is
@@ -142,7 +147,7 @@ def receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: A
             if digest != expected:
                 raise ValueError(f"{name} arrived with sha256 {digest[:16]}..., the manifest says {expected[:16]}...: "
                                  "it changed on the host during the snapshot; take it again")
-            os.replace(tmp, os.path.join(objects, expected))
+            os.replace(tmp, places[name])
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -155,7 +160,7 @@ def receive_blobs(objects: str, incoming: str, wanted: dict[str, str], stream: A
 
 
 def main(argv: list[str]) -> None:
-    """``argv``: the job file (objects, incoming, wanted, sizes) and the fd of the progress pipe. Writes one JSON result
+    """``argv``: the job file (incoming, wanted, places, sizes) and the fd of the progress pipe. Writes one JSON result
     (stored, bytes, names; or error and kind) on stdout."""
     data = open(0, "rb", buffering=1 << 20, closefd=False)
     with open(argv[1]) as fh:
@@ -176,7 +181,7 @@ def main(argv: list[str]) -> None:
                 pass
 
     try:
-        result = receive_blobs(job["objects"], job["incoming"], job["wanted"], data,
+        result = receive_blobs(job["incoming"], job["wanted"], job["places"], data,
                                stored if progress_fd is not None else None, job.get("sizes"))
     except EOFError as exc:
         result = {"error": "stream ended early: %s" % exc, "kind": "truncated"}

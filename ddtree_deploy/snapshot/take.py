@@ -1,5 +1,5 @@
 """Taking a snapshot from a host (and repairing one): facts and manifest from the host, the blobs the store lacks
-in one tar stream (``snapshot.transfer``), the entry written under a temporary name and renamed last.
+in one tar stream (``snapshot.transfer``), the entry committed to the store last (``store.commit_entry``).
 
 Facts need a torch import on the host (seconds) unless the host cached them; a host snapshotted before most likely
 has that cache, and one host process then returns manifest and facts together. Otherwise facts run on their own
@@ -9,11 +9,6 @@ channel in a daemon thread while the blobs are transferred.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import json
-import os
-import secrets
-import shutil
 import threading
 import time
 from typing import Any, Callable
@@ -23,8 +18,9 @@ from .. import hostpaths
 from ..errors import InputError, OperationFailed, RemoteError
 from ..inventory import Host
 from ..transport import HostConnection
-from . import Progress, Snapshot, SnapshotStats, SnapshotStore, _check_host_name
+from . import Progress, Snapshot, SnapshotStats, SnapshotStore
 from .manifest import check_manifest, manifest_digest
+from .store import check_host_name
 from .transfer import fetch_blobs
 
 
@@ -35,7 +31,8 @@ def take(store: SnapshotStore, host: Host, progress: Progress | None = None, *, 
     ``connection`` lets a caller share an open connection (and its fate: closing it cuts the transfer);
     ``refresh`` ignores the host-side hash and torch caches.
     """
-    _check_host_name(host.name)
+    check_host_name(host.name)
+    store.format()  # a store of a newer format is refused before the host is contacted
     if connection is None:
         with HostConnection(host) as conn:
             return take(store, host, progress, connection=conn, refresh=refresh, package=package)
@@ -44,9 +41,8 @@ def take(store: SnapshotStore, host: Host, progress: Progress | None = None, *, 
     report = progress or (lambda stage, done, total: None)
     started = time.monotonic()
     stats = SnapshotStats()
-    store.objects.mkdir(parents=True, exist_ok=True)
-    store.incoming.mkdir(parents=True, exist_ok=True)
-    store._sweep(host.name)
+    store.open_for_write()
+    store.sweep(host.name)
     # Facts need a torch import on the host (seconds) unless the host cached them. A host snapshotted before
     # most likely has that cache: one process then returns manifest and facts together. Otherwise (or if the
     # guess was wrong) facts run on their own channel in a daemon thread while we transfer; a daemon thread, so
@@ -107,7 +103,7 @@ def _fetch(store: SnapshotStore, conn: HostConnection, host: Host, wanted: dict[
            report: Progress, stats: SnapshotStats, *, host_zstd: bool = False) -> None:
     """Receive ``wanted`` (path -> sha256) into the store (``transfer.fetch_blobs``) and remember the stat of
     every blob it stored: they were hashed on arrival."""
-    names = fetch_blobs(conn, host, store.objects, store.incoming, wanted, sizes, report, stats, host_zstd=host_zstd)
+    names = fetch_blobs(conn, host, store, wanted, sizes, report, stats, host_zstd=host_zstd)
     store._record_verified(wanted[n] for n in names if n in wanted)
 
 
@@ -115,9 +111,8 @@ def _write_entry(store: SnapshotStore, host_name: str, package: str, host_facts:
                  links: dict[str, str], raw: dict[str, Any], stats: SnapshotStats) -> Snapshot:
     created = _dt.datetime.now(_dt.timezone.utc)
     digest = manifest_digest(files, links)
-    snap_id = hashlib.sha256(f"{host_name}\0{created.isoformat()}\0{digest}\0{secrets.token_hex(8)}".encode()).hexdigest()[:12]
     info = {
-        "id": snap_id,
+        "id": store.new_id(host_name, created.isoformat(), digest),
         "host": host_name,
         "created": created.isoformat(timespec="microseconds"),
         "package": package,
@@ -127,25 +122,14 @@ def _write_entry(store: SnapshotStore, host_name: str, package: str, host_facts:
         "manifest_digest": digest,
         "stats": stats.__dict__,
     }
-    host_dir = store.root / host_name
-    host_dir.mkdir(parents=True, exist_ok=True)
-    tmp = host_dir / f".tmp-{snap_id}-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        (tmp / "facts.json").write_text(json.dumps(host_facts, indent=1, sort_keys=True))
-        (tmp / "manifest.json").write_text(json.dumps({"files": files, "links": links, "dist_info": raw.get("dist_info")},
-                                                      separators=(",", ":"), sort_keys=True))
-        (tmp / "snapshot.json").write_text(json.dumps(info, indent=1))
-        os.rename(tmp, host_dir / snap_id)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return Snapshot(host_dir / snap_id, info)
+    return store.commit_entry(host_name, info, host_facts,
+                              {"files": files, "links": links, "dist_info": raw.get("dist_info")})
 
 
 def repair(store: SnapshotStore, snap: Snapshot, host: Host, progress: Progress | None = None) -> dict[str, Any]:
     """Fetch the damaged or missing blobs of a snapshot again from its host (each verified against the
     manifest on arrival: a file that changed on the host since cannot repair the snapshot, and is named)."""
+    store.open_for_write()  # checking removes damaged blobs: a write
     first: dict[str, str] = {}
     for path, entry in sorted(snap.manifest.items()):
         first.setdefault(entry["sha256"], path)
@@ -154,8 +138,6 @@ def repair(store: SnapshotStore, snap: Snapshot, host: Host, progress: Progress 
     wanted = {path: sha for sha, path in first.items() if sha not in intact}
     if not wanted:
         return {"id": snap.id, "repaired": [], "ok": True}
-    store.objects.mkdir(parents=True, exist_ok=True)
-    store.incoming.mkdir(parents=True, exist_ok=True)
     stats = SnapshotStats()
     with HostConnection(host) as conn:
         probe = conn.call("manifest", "manifest", site_packages=host.site_packages, package=snap.package,

@@ -4,7 +4,8 @@ Three steps of one job each: ``_tar_command`` (what the host runs: ``tar -c`` ov
 or uploaded first, ``zstd -1`` when both ends have it), ``_pump`` (the stream read into the receiver with
 progress), ``_verdict`` (the receiver's result turned into what was stored, or the error that says whether the link
 was cut or the host sent something else). The receiver (``snapshot.receiver``) is a process of its own: it hashes
-each blob on arrival and renames it into ``objects/`` only when it matches the manifest.
+each blob on arrival and renames it to the path the store gives it (``Store.blob_path``) only when it matches the
+manifest.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from . import receiver as receiver_mod
 
 if TYPE_CHECKING:
     from . import Progress, SnapshotStats
+    from .store import Store
 
 #: Largest path list sent inline in the tar command (base64 of gzip); larger lists are uploaded to a file first.
 _INLINE_LIST_LIMIT = 96_000
@@ -47,18 +49,20 @@ class _Command:
     cleanup: str = ""
 
 
-def fetch_blobs(conn: HostConnection, host: Host, objects: Path, incoming: Path, wanted: dict[str, str],
-                sizes: dict[str, int], report: Progress, stats: SnapshotStats, *, host_zstd: bool = False) -> list[str]:
-    """Receive ``wanted`` (path -> sha256) as one tar stream, verifying and storing each blob as it arrives; returns
-    the paths stored (raises when the stream was cut, the host sent something else, or a file vanished).
+def fetch_blobs(conn: HostConnection, host: Host, store: Store, wanted: dict[str, str], sizes: dict[str, int],
+                report: Progress, stats: SnapshotStats, *, host_zstd: bool = False) -> list[str]:
+    """Receive ``wanted`` (path -> sha256) as one tar stream, verifying and storing each blob as it arrives at its
+    place in ``store`` (opened for writing by the caller); returns the paths stored (raises when the stream was cut,
+    the host sent something else, or a file vanished).
 
     When both ends have ``zstd`` the stream is compressed (``zstd -1``, about 3x on SGLang): the SSH layer and
     paramiko's per-packet work are the bottleneck, and zstd costs far less CPU than the bytes it saves.
     """
     command = _tar_command(conn, host, wanted, host_zstd)
     stats.wire = "tar+zstd" if command.local_zstd else "tar"
-    job_file = incoming / f"{os.getpid()}-job-{secrets.token_hex(6)}.json"
-    job_file.write_text(json.dumps({"objects": str(objects), "incoming": str(incoming), "wanted": wanted,
+    job_file = store.temporary("job", ".json")
+    job_file.write_text(json.dumps({"incoming": str(store.incoming), "wanted": wanted,
+                                    "places": {p: str(store.blob_path(sha)) for p, sha in wanted.items()},
                                     "sizes": {p: sizes[p] for p in wanted if p in sizes}}))
     receiver = _Receiver(job_file, command.local_zstd)
     total = sum(sizes.values())
@@ -74,8 +78,7 @@ def fetch_blobs(conn: HostConnection, host: Host, objects: Path, incoming: Path,
             report("transfer", int(result.get("bytes", 0)), total)
     finally:
         receiver.kill()
-        for tmp in incoming.glob(f"{receiver.pid}-*"):
-            tmp.unlink(missing_ok=True)
+        store.remove_temporaries(receiver.pid)
         job_file.unlink(missing_ok=True)
         if command.cleanup:
             try:

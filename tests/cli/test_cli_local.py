@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ddtree_deploy.sandbox import make_local_host
+from ddtree_deploy.snapshot import SnapshotStore
 
 pytestmark = pytest.mark.slow
 NAME = "gpu-here"
@@ -145,4 +146,5 @@ def test_apply_dry_run_from_another_directory_keeps_the_store_in_the_user_data_d
     taken = wheel_env.run("snapshot", "take", NAME, cwd=cwd, HOME=str(home), **user_env)
     assert taken.returncode == 0, taken.stderr[-2000:]
     store = home / ".local" / "share" / "ddtree-deploy" / "snapshots"
-    assert (store / NAME).is_dir() and any((store / "objects").iterdir()) and list(cwd.iterdir()) == []
+    snapshots = SnapshotStore(store)
+    assert snapshots.latest(NAME) is not None and snapshots.stored_blobs() and list(cwd.iterdir()) == []
