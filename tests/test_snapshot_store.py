@@ -335,3 +335,23 @@ def test_blob_path_refuses_a_name_that_is_not_a_sha256(tmp_path: Path, name: str
 def test_names_the_layout_reserves_cannot_be_hosts(tmp_path: Path, name: str) -> None:
     with pytest.raises(InputError, match="cannot name a snapshot directory"):
         SnapshotStore(tmp_path).entry_dir(name, "a" * 12)
+
+
+def test_materialized_files_never_get_setuid_or_setgid_from_a_host(tmp_path: Path) -> None:
+    """A manifest's mode comes from the host: only its permission bits reach the files made from it."""
+    store = SnapshotStore(tmp_path / "store")
+    data = FILES["sglang/version.py"]
+    sha = hashlib.sha256(data).hexdigest()
+    store.open_for_write()
+    blob = store.blob_path(sha)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    files = {"sglang/version.py": {"sha256": sha, "size": len(data), "mode": 0o6755}}
+    when = "2025-11-04T10:00:00.000000+00:00"
+    info = {"id": store.new_id("gpu1", when, manifest_digest(files)), "host": "gpu1", "created": when,
+            "package": "sglang", "package_version": "0.5.11", "manifest_digest": manifest_digest(files)}
+    snap = store.commit_entry("gpu1", info, FACTS, {"files": files, "links": {}, "dist_info": None})
+    written = store.materialize(snap, tmp_path / "out")
+    assert written == ["sglang/version.py"]
+    mode = (tmp_path / "out" / "sglang/version.py").stat().st_mode & 0o7777
+    assert mode == 0o755 and (tmp_path / "out" / "sglang/version.py").read_bytes() == data

@@ -182,7 +182,8 @@ class SnapshotStore(Store):
                     link: bool = False) -> list[str]:
         """Write the snapshot's files (relative to site-packages) into ``dest``; returns the paths written.
 
-        Files are copies with the recorded mode, so the caller may edit them (patch sets do). ``link=True`` hard-links
+        Files are copies with the recorded permission bits (never setuid, setgid or sticky, whatever the host said), so
+        the caller may edit them (patch sets do). ``link=True`` hard-links
         the read-only blobs instead: faster, but the files are then read-only and shared with the store.
         """
         snap = snapshot if isinstance(snapshot, Snapshot) else self.get(snapshot)
@@ -214,7 +215,7 @@ class SnapshotStore(Store):
                 except OSError:  # another filesystem (EXDEV) or no hard links there: copy instead
                     pass
             target.write_bytes(data)
-            os.chmod(target, entry["mode"])
+            os.chmod(target, int(entry["mode"]) & 0o777)  # permission bits only: no setuid / setgid from a host
         return selected
 
     def diff(self, a: Snapshot | str, b: Snapshot | str) -> dict[str, Any]:
