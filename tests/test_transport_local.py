@@ -13,7 +13,7 @@ import pytest
 
 from ddtree_deploy.errors import RemoteError, TransportError
 from ddtree_deploy.inventory import Host
-from ddtree_deploy.local_transport import LocalConnection
+from ddtree_deploy.transport.local import LocalConnection
 from ddtree_deploy.transport import STDERR_MAX, STDOUT_MAX, HostConnection
 from transport_checks import check_tar_streams_both_ways
 

@@ -25,10 +25,10 @@ from typing import Any, Iterable, Iterator
 import paramiko
 from fabric import Config, Connection
 
-from .errors import ConnectFailed, HostKeyError, InputError, RemoteError, TransportError
-from .inventory import Host
-from .ssh_config import config_files, paramiko_config, resolve
-from .transport import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
+from ..errors import ConnectFailed, HostKeyError, InputError, RemoteError, TransportError
+from ..inventory import Host
+from ..ssh_config import config_files, paramiko_config, resolve
+from .base import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
                         StreamReader, output_overflow, pump_stdin, short)
 
 log = logging.getLogger("ddtree_deploy.transport")
@@ -88,6 +88,9 @@ def _agent_wanted(host: Host, ssh_config: dict[str, Any]) -> bool:
 
 class SSHConnection(HostConnection):
     """An SSH session to one host (see the module docstring for what it does differently from plain Fabric)."""
+
+    #: a channel of the connection, its stdin open; it closes (EOF on the host) when we close it or sshd loses us
+    holds_session = True
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
