@@ -306,7 +306,10 @@ class RemoteSession:
                 err = Capture(STDERR_MAX, tail=True)
                 try:
                     while self.chan.recv_stderr_ready() and err.dropped < STDERR_MAX:
-                        err.add(self.chan.recv_stderr(CHUNK))
+                        chunk = self.chan.recv_stderr(CHUNK)
+                        if not chunk:  # the end of stderr (a local pipe stays "ready" at EOF)
+                            break
+                        err.add(chunk)
                 except Exception:
                     pass
                 tail = _tail(err.value(), 1500)
