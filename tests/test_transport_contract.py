@@ -214,3 +214,13 @@ def test_the_lock_refuses_a_transport_that_cannot_hold_a_session(tmp_path: Path)
         with pytest.raises(OperationFailed, match=r"host oneshot: .*'oneshot' transport \(_NoSession\) cannot hold"):
             ReleaseManager(conn, run_id="run-x").acquire("ddtree-deploy apply")
     assert not (tmp_path / "ddtree" / "lock").exists()
+
+
+def test_the_host_files_connection_choices_are_the_registry() -> None:
+    import typing
+
+    from ddtree_deploy.inventory import HostFile
+
+    assert typing.get_args(HostFile.model_fields["connection"].annotation) == tuple(TRANSPORTS)
+    with pytest.raises(ValueError, match=r"unknown connection 'telnet' \(known: ssh, local"):
+        transport_class("telnet")
