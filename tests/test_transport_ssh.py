@@ -19,13 +19,6 @@ from ddtree_deploy.transport import HostConnection
 pytestmark = pytest.mark.sandbox
 #: tests/test_transport_contract.py runs the transport contract against a sandbox sshd host.
 CONTRACT_MARKS = [pytest.mark.sandbox]
-#: A timed-out command's channel is closed, but sshd leaves a command without a pty running (a `sleep` runs on
-#: until it ends; a command that writes dies of SIGPIPE). The RFC 4254 "signal" request is refused by the sandbox
-#: sshd (OpenSSH 9.2), so stopping the remote process group needs another way (issue #27 item 4).
-CONTRACT_KNOWN_GAPS = {
-    "test_a_timeout_ends_the_whole_command": "an SSH command timeout closes the channel but leaves the command "
-                                             "running on the host",
-}
 
 
 def contract_host(request: pytest.FixtureRequest):
