@@ -34,6 +34,7 @@ from . import paths
 from .errors import InputError
 from .schema import (MAX_SECONDS, StrMap, Strict, absolute_path, become_command, checked, collect, load_yaml, port_range,
                      positive, raise_problems, seconds, setting)
+from .transport import TRANSPORTS
 
 log = logging.getLogger("ddtree_deploy.inventory")
 
@@ -93,7 +94,7 @@ class HostFile(Strict):
     """A host file (``hosts/<name>.yaml``): how to reach the host and where SGLang lives on it."""
 
     name: Optional[checked(str, host_name, json={"pattern": HOST_NAME.pattern})] = setting(None, help="host name; defaults to the file name")
-    connection: Literal["ssh", "local"] = setting(
+    connection: Literal[tuple(TRANSPORTS)] = setting(  # type: ignore[valid-type]  # the registered transports
         "ssh", help="ssh (default), or local: this machine, commands run as local subprocesses")
     description: str = setting("")
     address: Optional[str] = setting(None, help="DNS name or IP; or give ssh_alias")

@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Any
 
-from .errors import DeployError
+from .errors import DeployError, OperationFailed
 from .transport import HostConnection, RemoteSession
 
 #: How long the host waits for a heartbeat before it gives a run up and rolls it back on its own.
@@ -98,6 +98,13 @@ class Lease:
         self.holder: tuple[Any, Any] | None = None  # the guardian's (pid, start ticks) on the host, from its first reply
 
     def open(self, root: str, break_lock: bool) -> dict[str, Any]:
+        if not getattr(self.conn, "holds_session", False):
+            host = self.conn.host
+            raise OperationFailed(
+                f"host {host.name}: the host lock needs a guardian session on the host, and the "
+                f"'{host.connection}' transport ({type(self.conn).__name__}) cannot hold one, so the lock is not "
+                "taken and nothing is changed", hint="use a transport that holds sessions (ssh or local) for hosts "
+                "that are deployed to")
         self.session = self.conn.session("release", "hold", root=root, owner=self.owner, break_lock=break_lock,
                                          guard=self.guard, lease_timeout=LEASE_TIMEOUT)
         got = self.session.reply(timeout=max(60.0, self.conn.host.connect_timeout * 6))

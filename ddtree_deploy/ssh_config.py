@@ -5,7 +5,7 @@ answers: it is OpenSSH itself, so ``Include``, ``Match``, ``CanonicalizeHostname
 exactly as ``ssh`` would. Without the client, paramiko's parser reads the files, with their ``Include`` lines
 expanded first (paramiko has no Include): good for Host blocks, not for ``Match exec``.
 
-The SSH connection itself (ssh_transport) reads the same Include-expanded files through paramiko for what a
+The SSH connection itself (transport.ssh) reads the same Include-expanded files through paramiko for what a
 connection needs beyond the address (IdentityFile, ProxyJump hops), and takes HostName, Port and User from
 ``resolve`` when the host file does not set them; ``hosts list`` shows the same resolution. Nothing here imports
 paramiko unless ``ssh`` is missing or a connection is opened, so local hosts never need it.

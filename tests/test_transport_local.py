@@ -1,5 +1,7 @@
-"""The local connection's primitives: same contract as SSH (exit status, our stdin never forwarded, binary stdin,
-timeouts that end the whole command, tar streams, the remote helper's reply protocol), no sshd needed."""
+"""What is particular to the local connection (no sshd needed): the host file picks it, a timeout kills what the
+command started too, a detached child keeps no command waiting, commands do not inherit our PYTHONPATH, a flood
+stays bounded. The contract every transport keeps (exit status, stdin, streams, sessions, ...) is checked in
+test_transport_contract.py, against the host ``contract_host`` gives."""
 
 from __future__ import annotations
 
@@ -13,37 +15,32 @@ import pytest
 
 from ddtree_deploy.errors import RemoteError, TransportError
 from ddtree_deploy.inventory import Host
-from ddtree_deploy.local_transport import LocalConnection
+from ddtree_deploy.transport.local import LocalConnection
 from ddtree_deploy.transport import STDERR_MAX, STDOUT_MAX, HostConnection
-from transport_checks import check_tar_streams_both_ways
+
+
+def local_host(root: Path) -> Host:
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    return Host(name="here", source="<test>", python=sys.executable, site_packages=site,
+                release_root=str(root / "ddtree"), connection="local", command_timeout=30.0)
+
+
+def contract_host(request: pytest.FixtureRequest) -> Host:
+    """The host tests/test_transport_contract.py runs the transport contract against."""
+    return local_host(request.getfixturevalue("tmp_path"))
 
 
 @pytest.fixture()
 def host(tmp_path: Path) -> Host:
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    return Host(name="here", source="<test>", python=sys.executable, site_packages=site,
-                release_root=str(tmp_path / "ddtree"), connection="local", command_timeout=30.0)
+    return local_host(tmp_path)
 
 
 def test_the_host_file_picks_the_local_connection(host) -> None:
     assert isinstance(HostConnection(host), LocalConnection)
 
 
-def test_run_exit_status_and_streams(host) -> None:
-    with HostConnection(host) as conn:
-        result = conn.run("echo hello; echo oops >&2")
-        assert result.text() == "hello\n" and result.stderr == b"oops\n"
-        assert conn.run("exit 7", check=False).exit_code == 7
-        with pytest.raises(RemoteError, match="exit 7: bad"):
-            conn.run("echo bad >&2; exit 7")
 
 
-def test_stdin_is_ours_to_give_and_never_forwarded(host) -> None:
-    payload = bytes(range(256)) * 4096
-    with HostConnection(host) as conn:
-        assert conn.run("wc -c", stdin=payload).text().strip() == str(len(payload))
-        assert conn.run("wc -c", stdin=iter([b"ab", b"", b"cde"])).text().strip() == "5"
-        assert conn.run("cat | wc -c", timeout=10).text().strip() == "0"
 
 
 def test_timeout_ends_the_command_and_what_it_started(host, tmp_path: Path) -> None:
@@ -68,20 +65,8 @@ def test_a_detached_child_holding_the_pipes_does_not_hang_the_command(host) -> N
         assert result.text().strip() == "started" and time.monotonic() - start < 3
 
 
-def test_tar_streams_both_ways(host, tmp_path: Path) -> None:
-    with HostConnection(host) as conn:
-        check_tar_streams_both_ways(conn, str(tmp_path / "in"))
-        with pytest.raises(RemoteError, match="exit 2"):
-            with conn.stream_out("echo partial; exit 2") as stream:
-                stream.read()
 
 
-def test_remote_helper_round_trip_and_errors(host) -> None:
-    with HostConnection(host) as conn:
-        info = conn.call("hostinfo", "check", site_packages=host.site_packages)
-        assert info["python"] == ".".join(map(str, sys.version_info[:3]))
-        with pytest.raises(RemoteError, match="unknown op 'nope'"):
-            conn.call("hostinfo", "nope")
 
 
 def test_commands_do_not_inherit_our_pythonpath(host, monkeypatch) -> None:

@@ -1,19 +1,43 @@
 """How commands reach a host: one connection per host, never without a timeout, one reply protocol.
 
-``HostConnection(host)`` gives the connection the host file asks for: SSH (``ssh_transport``, Fabric/paramiko,
-strict host keys, ssh_config and ProxyJump honoured, keys from the agent like OpenSSH) or, for
-``connection: local``, a local subprocess (``local_transport``) so the tool runs on the GPU box itself. The SSH
-libraries are imported only when an SSH host is actually connected: a machine without paramiko can still run
-every command against its local host.
+This module is the transport contract; the implementations live next to it (``ssh``: Fabric/paramiko, strict host
+keys, ssh_config and ProxyJump honoured, keys from the agent like OpenSSH; ``local``: ``connection: local``, local
+subprocesses, so the tool runs on the GPU box itself) and are found through the registry in the package's
+``__init__`` (``TRANSPORTS``: the host file's ``connection`` value -> ``"module:Class"``, imported only when a host
+of that kind is connected, so a machine without paramiko can still run every command against its local host).
+``HostConnection(host)`` (or ``transport.connect(host)``) gives the class the host file asks for. Nothing here
+imports an implementation.
 
 Every connection offers the same four primitives the rest of the tool is built on: ``run`` (a shell command,
 optionally fed bytes on its stdin, never ours), ``send_stream`` / ``stream_out`` (binary tar streams in either
-direction) and ``call`` (one round trip to the stdlib-only helper programs in ``ddtree_deploy.remote``).
+direction) and ``call`` (one round trip to the stdlib-only helper programs in ``ddtree_deploy.remote``). A
+transport whose ``holds_session`` is true also offers ``session`` (below). tests/test_transport_contract.py checks
+all of it against every registered transport.
 
 What a host sends back is bounded on this side whatever the host does: a command's stdout is kept up to
 ``STDOUT_MAX`` bytes (past that the command is stopped and the run is an error of kind ``output``), its stderr to
 its last ``STDERR_MAX`` bytes (with a note of what was dropped), and a reply is parsed against its schema
 (``replies``), so a flooding or lying host costs bounded memory and ends in a clear error naming it.
+
+The session channel (``HostConnection.session``; what the host lock's guardian is held on, ``lease.Lease``)
+-------------------------------------------------------------------------------------------------------------
+A long-lived helper process on a channel of its own, carrying three things:
+
+* in (control side -> host), on the process's stdin: first the framed request (``remote.framed_request``: module,
+  op and arguments, the same ``remote.BOOT`` framing as ``call``), then command lines, one per ``\n`` (the lock
+  sends ``hb`` heartbeats and its closing commands);
+* out (host -> control side), on its stdout: reply lines, each ``RESULT_MARKER`` + one JSON envelope + ``\n``
+  (``RemoteSession.reply``; anything before a marker is ignored), and on its stderr what the program says when it
+  fails (quoted in the error when the session ends without an answer);
+* the end: EOF on the process's stdin means the control side went away (it closed the channel, or the process or
+  the connection carrying the channel died), and the host-side program must act on it by itself (the guardian
+  settles the run and releases the lock); the channel reporting ``closed`` / ``exit_status_ready`` tells the
+  control side the host side ended.
+
+A transport implements the channel as a :class:`SessionChannel` returned by ``_session_channel`` and says so with
+``holds_session = True``; one that cannot keep such a channel open (no stdin that stays open, no EOF when the
+control side dies) sets it False, and the host lock refuses such a host with an error naming the host and the
+transport kind, instead of running unguarded.
 """
 
 from __future__ import annotations
@@ -24,11 +48,13 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from .errors import RemoteError, TransportError
-from .inventory import Host
-from .remote import BOOT, RESULT_MARKER, framed_request
+from ..errors import RemoteError, TransportError
+from ..remote import BOOT, RESULT_MARKER, framed_request
+
+if TYPE_CHECKING:  # the inventory reads the registry (connection kinds), so it is not imported here at run time
+    from ..inventory import Host
 
 log = logging.getLogger("ddtree_deploy.transport")
 #: Bytes read from a command's output at a time.
@@ -95,15 +121,20 @@ def output_overflow(host: str, what: str) -> RemoteError:
 class HostConnection:
     """A session to one host. Use as a context manager; every operation has a deadline.
 
-    ``HostConnection(host)`` returns the subclass for ``host.connection`` (``SSHConnection`` or
-    ``LocalConnection``); subclasses implement ``open``, ``close``, ``run`` and ``stream_out``.
+    ``HostConnection(host)`` returns the class the registry (``ddtree_deploy.transport.TRANSPORTS``) names for
+    ``host.connection`` (``SSHConnection``, ``LocalConnection``, ...); subclasses implement ``open``, ``close``,
+    ``run`` and ``stream_out``, and ``_session_channel`` where ``holds_session`` is true.
     """
 
     host: Host
+    #: Whether this transport can hold a session channel (module docstring); the host lock needs one.
+    holds_session: bool = False
 
     def __new__(cls, host: Host, *args: Any, **kwargs: Any) -> "HostConnection":
         if cls is HostConnection:
-            cls = _connection_class(host)
+            from . import transport_class  # the package is loaded before this module, so this is a look-up
+
+            cls = transport_class(getattr(host, "connection", "ssh"))
         return super().__new__(cls)
 
     def __init__(self, host: Host) -> None:
@@ -240,7 +271,7 @@ class RemoteSession:
 
     def _line(self) -> bytes | None:
         """The next complete reply line; what comes before its marker is dropped, so the buffer stays bounded."""
-        from .replies import REPLY_MAX, malformed
+        from ..replies import REPLY_MAX, malformed
 
         marker = RESULT_MARKER.encode()
         at = self._buf.find(marker)
@@ -275,13 +306,16 @@ class RemoteSession:
                 err = Capture(STDERR_MAX, tail=True)
                 try:
                     while self.chan.recv_stderr_ready() and err.dropped < STDERR_MAX:
-                        err.add(self.chan.recv_stderr(CHUNK))
+                        chunk = self.chan.recv_stderr(CHUNK)
+                        if not chunk:  # the end of stderr (a local pipe stays "ready" at EOF)
+                            break
+                        err.add(chunk)
                 except Exception:
                     pass
                 tail = _tail(err.value(), 1500)
                 raise TransportError(self.host, f"remote {self.op} ended without an answer: {tail or exc}") from exc
             time.sleep(_POLL)
-        from .replies import parse
+        from ..replies import parse
 
         return parse(self.host, self.op, line)
 
@@ -303,7 +337,7 @@ class RemoteSession:
 def parse_reply(host: str, what: str, result: RunResult) -> Any:
     """The helper's reply (the line after the last RESULT_MARKER on stdout), parsed against its schema
     (``replies.parse``), or RemoteError with what the program said instead."""
-    from .replies import parse
+    from ..replies import parse
 
     marker = RESULT_MARKER.encode()
     at = result.stdout.rfind(marker)
@@ -368,17 +402,6 @@ class StreamReader:
 
     def readable(self) -> bool:
         return True
-
-
-def _connection_class(host: Host) -> type[HostConnection]:
-    """The implementation for the host file's ``connection``; imported here so SSH libraries load only for SSH."""
-    if getattr(host, "connection", "ssh") == "local":
-        from .local_transport import LocalConnection
-
-        return LocalConnection
-    from .ssh_transport import SSHConnection
-
-    return SSHConnection
 
 
 def short(command: str, limit: int = 120) -> str:

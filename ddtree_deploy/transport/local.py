@@ -21,8 +21,8 @@ import time
 from contextlib import contextmanager
 from typing import IO, Iterable, Iterator
 
-from .errors import RemoteError, TransportError
-from .transport import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
+from ..errors import RemoteError, TransportError
+from .base import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
                         StreamReader, output_overflow, pump_stdin, short)
 
 log = logging.getLogger("ddtree_deploy.transport")
@@ -40,6 +40,9 @@ def command_env() -> dict[str, str]:
 
 class LocalConnection(HostConnection):
     """Runs every command of a ``connection: local`` host on this machine."""
+
+    #: a child process with its stdin a pipe from us: EOF on the host when we close it or this process dies
+    holds_session = True
 
     def open(self) -> None:
         log.debug("%s: local host (commands run here, through %s)", self.host.name, SHELL)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import shlex
 import socket
 import time
 from contextlib import contextmanager
@@ -25,10 +26,10 @@ from typing import Any, Iterable, Iterator
 import paramiko
 from fabric import Config, Connection
 
-from .errors import ConnectFailed, HostKeyError, InputError, RemoteError, TransportError
-from .inventory import Host
-from .ssh_config import config_files, paramiko_config, resolve
-from .transport import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
+from ..errors import ConnectFailed, HostKeyError, InputError, RemoteError, TransportError
+from ..inventory import Host
+from ..ssh_config import config_files, paramiko_config, resolve
+from .base import (CHUNK, STDERR_MAX, STDOUT_MAX, Capture, HostConnection, RunResult, SessionChannel,
                         StreamReader, output_overflow, pump_stdin, short)
 
 log = logging.getLogger("ddtree_deploy.transport")
@@ -39,6 +40,24 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 #: how long output may still arrive after the exit status when no EOF comes (a daemon kept the stdout)
 _EXIT_GRACE = 0.5
 _POLL = 0.002
+#: Seconds given to stopping what is left of a timed-out command (``SSHConnection._stop_leftover``).
+_STOP_WAIT = 5.0
+#: Run on the host by ``_stop_leftover``: argv is the sshd process of this connection and the timed-out command;
+#: the sessions sshd started for exactly that command (its shell's last argument) are killed, process group and all.
+_STOP = r"""
+import os, signal, sys
+parent, command, me = int(sys.argv[1]), os.fsencode(sys.argv[2]), os.getpgid(0)
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as fh:
+            ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        with open("/proc/%s/cmdline" % pid, "rb") as fh:
+            args = fh.read().split(b"\0")
+        if ppid == parent and len(args) >= 2 and args[-2] == command and os.getpgid(int(pid)) == int(pid) != me:
+            os.killpg(int(pid), signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
+"""
 
 
 class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
@@ -88,6 +107,9 @@ def _agent_wanted(host: Host, ssh_config: dict[str, Any]) -> bool:
 
 class SSHConnection(HostConnection):
     """An SSH session to one host (see the module docstring for what it does differently from plain Fabric)."""
+
+    #: a channel of the connection, its stdin open; it closes (EOF on the host) when we close it or sshd loses us
+    holds_session = True
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
@@ -230,6 +252,26 @@ class SSHConnection(HostConnection):
             raise TransportError(self.host.name, f"cannot start {short(command)}: {exc}") from exc
         return _SSHSessionChannel(chan)
 
+    def _stop_leftover(self, command: str) -> None:
+        """Kill what is left of a timed-out ``command`` on the host. Closing its channel is not enough: sshd leaves
+        a command without a pty running (a ``sleep`` until it ends; a command that writes until SIGPIPE). It ran in
+        a session of its own, started by this connection's sshd; a second channel kills that session's process
+        group. Best effort and bounded (a dead connection is not waited for): the timeout is raised either way."""
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            return
+        try:
+            chan = transport.open_session(timeout=min(_STOP_WAIT, self.host.connect_timeout))
+            try:
+                chan.exec_command(f'exec {shlex.quote(self.host.python)} -c {shlex.quote(_STOP)} "$PPID" '
+                                  f"{shlex.quote(command)}")
+                chan.shutdown_write()
+                chan.status_event.wait(_STOP_WAIT)
+            finally:
+                chan.close()
+        except Exception as exc:  # noqa: BLE001 - the timeout itself is what gets reported
+            log.debug("%s: could not stop the timed-out command: %s", self.host.name, exc)
+
     # -- commands ------------------------------------------------------------------------------------------------
     def run(
         self,
@@ -271,6 +313,8 @@ class SSHConnection(HostConnection):
                 if chan.closed and not chan.recv_ready():
                     break
                 if time.monotonic() > deadline:
+                    chan.close()
+                    self._stop_leftover(command)
                     raise TransportError(self.host.name, f"command timed out after {timeout:g} s: {short(command)}")
                 if not progressed:
                     time.sleep(_POLL)
