@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from .errors import ConnectionCut, DeployError, Fenced, Interrupted, LockHeld, OperationFailed, RemoteError, is_cut
-from .inventory import Host
+from .inventory import Host, probe_setting, server_setting
 from .overlay import Overlay
 from .lease import Lease, describe_holder, owner_record, tool_gone_here
 from .transport import HostConnection
@@ -231,7 +231,7 @@ class ReleaseManager:
                 pend = res["state"].get("pending")
                 if pend:
                     outcome = self.reconcile(why, guard,
-                                             timeout=60 + float(self.host.probe.get("startup_timeout", 600.0)))
+                                             timeout=60 + float(probe_setting(self.host, "startup_timeout")))
                 else:
                     outcome = {"action": "none", "to": res["state"]["active"]}
             except DeployError as exc:
@@ -301,7 +301,7 @@ class ReleaseManager:
             head = f"the host gave this run up during {self.stage} (it lost the run's connection)"
         else:
             head = f"the SSH connection was cut during {self.stage}"
-        budget = 30.0 + float(self.host.server.get("stop_timeout", 20.0)) + float(self.host.probe.get("startup_timeout", 600.0))
+        budget = 30.0 + float(server_setting(self.host, "stop_timeout")) + float(probe_setting(self.host, "startup_timeout"))
         start = time.monotonic()
         reached = False
         while time.monotonic() - start < budget:

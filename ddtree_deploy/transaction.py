@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from . import hostpaths
 from .errors import EXIT_OK
-from .inventory import Host
+from .inventory import Host, probe_setting
 from .probe import Prober, ProbeResult, guard_spec
 from .release import ReleaseManager, describe_settlement, new_run_id
 from .server import ServerControl
@@ -138,7 +138,7 @@ def _settle_pending(run: Run, pending: dict[str, Any], probe_first: bool, progre
         stage = result.failed_stage
         head += f"; probed it: {stage.name if stage else 'probe'} failed ({stage.detail if stage else '?'})"
     outcome = mgr.reconcile(f"left pending by run {pending.get('run')}", guard_spec(host),
-                            timeout=60 + float(host.probe.get("startup_timeout", 600.0)))
+                            timeout=60 + float(probe_setting(host, "startup_timeout")))
     run.settled_outcome = outcome
     message = f"{head}; {describe_settlement(outcome)}"
     progress(f"{host.name}: {message}")
