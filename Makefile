@@ -59,7 +59,7 @@ demo: install
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 test: install
-	$(PY) -m pytest -q -m "not gpu" $(XDIST)
+	$(PY) -m pytest -q -m "not gpu" --durations=25 $(XDIST)
 
 # The inner loop (under 2 minutes on 2 cores): no sandbox sshd hosts, no real SGLang wheels unpacked or patched.
 test-fast: install
