@@ -1,10 +1,11 @@
 """Writing values back into a host file without disturbing the rest of it (comments, order, quoting, folding).
 
 ``tune`` writes the schedule it chose into ``server.ddtree_flags``; ``apply --fix-flags`` writes the new spelling
-of flags SGLang renamed into ``server.command`` / ``server.ddtree_flags`` (launch_check.renamed_in). The file goes through a ruamel.yaml round trip
-(comments, key order, quoting and a folded ``>-`` value's line breaks are kept); the edited text is then parsed
-and validated as a host file and must give exactly the intended flags with nothing else changed; otherwise nothing
-is written and the error says what to change by hand. The file is replaced atomically, keeping its mode.
+of flags SGLang renamed into ``server.command`` / ``server.ddtree_flags`` (launch_check.renamed_in). The file goes
+through a ruamel.yaml round trip (comments, key order, quoting and a folded ``>-`` value's line breaks are kept);
+the edited text is then parsed and validated as a host file and must give exactly the intended flags with nothing
+else changed; otherwise nothing is written and the error says what to change by hand. The file is replaced
+atomically, keeping its mode.
 """
 from __future__ import annotations
 

@@ -173,26 +173,28 @@ class Host:
             "python": self.python,
             "site_packages": self.site_packages,
             "release_root": self.release_root,
-            "server": self.server.get("kind") or ServerSection.model_fields["kind"].default,
+            "server": server_setting(self, "kind"),
             "groups": list(self.groups),
             "inventory": self.origin,
             "file": self.source,
         }
 
 
+def _setting(values: dict[str, Any], section: type[Strict], key: str) -> Any:
+    if key in values:
+        return values[key]
+    return section.model_fields[key].get_default(call_default_factory=True)
+
+
 def server_setting(host: Host, key: str) -> Any:
     """``host.server[key]``, or the default ``ServerSection`` declares for it when the Host was built without it (a
     loaded host file has every key): the one place a server setting's default is written."""
-    if key in host.server:
-        return host.server[key]
-    return ServerSection.model_fields[key].get_default(call_default_factory=True)
+    return _setting(host.server, ServerSection, key)
 
 
 def probe_setting(host: Host, key: str) -> Any:
     """``host.probe[key]``, or ``ProbeSection``'s default for it (see :func:`server_setting`)."""
-    if key in host.probe:
-        return host.probe[key]
-    return ProbeSection.model_fields[key].get_default(call_default_factory=True)
+    return _setting(host.probe, ProbeSection, key)
 
 
 def _read_text(path: Path, source: str) -> str:

@@ -7,8 +7,9 @@ is parsed on the host by that release's own ``ServerArgs`` parser (``ServerArgs.
 does no GPU work. A flag the release does not know (a typo, a flag a newer SGLang removed) or a value it refuses
 stops the deploy there, naming the flag and, for the known renames, the new spelling, while the old server keeps
 serving (a release pushed for it is removed again: deploy.py). ``apply --fix-flags`` writes the new spelling of the
-known renames into the host file first (:func:`plan_flag_fix`; ``--dry-run`` shows the edit and writes nothing). A command that does not start SGLang's own entry point (``-m sglang.launch_server``, ``sglang serve``)
-is not parsed, and says so. The baseline restart (``baseline.record_baseline``: DDTree off, the active release or
+known renames into the host file first (:func:`plan_flag_fix`; ``--dry-run`` shows the edit and writes nothing). A
+command that does not start SGLang's own entry point (``-m sglang.launch_server``, ``sglang serve``) is not parsed,
+and says so. The baseline restart (``baseline.record_baseline``: DDTree off, the active release or
 the installed SGLang) is checked the same way before it stops anything.
 """
 
@@ -64,7 +65,6 @@ class FlagFix:
     file: str
     fields: dict[str, str]
     renames: list[str]
-    old_text: str
     new_text: str
     diff: str
     host: Any
@@ -90,8 +90,8 @@ def plan_flag_fix(host: Any, version: str | None) -> FlagFix | None:
             renames += [r for r in done if r not in renames]
     if not fields:
         return None
-    old, new, diff = plan_server_edit(host, fields)
-    return FlagFix(host.source, fields, renames, old, new, diff,
+    _, new, diff = plan_server_edit(host, fields)
+    return FlagFix(host.source, fields, renames, new, diff,
                    dataclasses.replace(host, server={**host.server, **fields}))
 
 # Runs on the host with the release first on sys.path; prints one MARK line.

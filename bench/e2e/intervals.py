@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .e2e_files import load_results
 
 RESAMPLES = 20_000
 
@@ -34,26 +34,14 @@ def load_cells(raws: list[Path]) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """config -> batch -> its reps, from result JSONs in tarballs or folders (later files win)."""
     cells: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for raw in raws:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(raw)
-            if root.is_file():
-                with tarfile.open(root) as tar:
-                    tar.extractall(tmp, filter="data")
-                root = Path(tmp)
-            for path in sorted(root.glob("*.json")):
-                try:
-                    doc = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
-                if not isinstance(doc, dict) or "workloads" not in doc:
-                    continue
-                by_batch = {}
-                for name, runs in (doc.get("workloads") or {}).items():
-                    m = re.fullmatch(r"speed-bs(\d+)", name)
-                    if m and isinstance(runs, list) and runs:
-                        by_batch[int(m.group(1))] = runs
-                if by_batch:
-                    cells[path.stem] = by_batch
+        for name, doc in load_results(raw).items():
+            by_batch = {}
+            for workload, runs in (doc.get("workloads") or {}).items():
+                m = re.fullmatch(r"speed-bs(\d+)", workload)
+                if m and isinstance(runs, list) and runs:
+                    by_batch[int(m.group(1))] = runs
+            if by_batch:
+                cells[name] = by_batch
     return cells
 
 

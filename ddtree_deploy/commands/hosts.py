@@ -124,8 +124,6 @@ def check_cmd(
         raise typer.Exit(worst)
 
 
-
-
 def _launch_detail(row: dict[str, Any]) -> str:
     lc = row.get("launch") or {}
     if not lc:

@@ -202,9 +202,22 @@ def show(root, journal_lines=0):
             "lock_state": _lock_state(lock_info), "boot_id": _boot_id(), "journal": lines, "root_exists": os.path.isdir(root)}
 
 
+def _protected(state):
+    """Releases never removed: the active one, the rollback target and a pending one."""
+    return {state["active"], state["previous_good"], (state.get("pending") or {}).get("release")}
+
+
+def _drop(root, state, rel):
+    """Remove one release's files and its records in ``state`` (the caller saves state and journals)."""
+    shutil.rmtree(os.path.join(root, "releases", rel["id"]), ignore_errors=True)
+    state["releases"].remove(rel)
+    if rel["id"] in state["bad"]:
+        state["bad"].remove(rel["id"])
+
+
 def _cleanup(root, keep, run_id=None):
     state = _load_state(root)
-    protected = {state["active"], state["previous_good"], (state.get("pending") or {}).get("release")}
+    protected = _protected(state)
     ordered = list(state["releases"])
     removable = [r for r in ordered if r["id"] not in protected]
     excess = len(ordered) - keep
@@ -212,10 +225,7 @@ def _cleanup(root, keep, run_id=None):
     for rel in removable:
         if excess <= 0:
             break
-        shutil.rmtree(os.path.join(root, "releases", rel["id"]), ignore_errors=True)
-        state["releases"].remove(rel)
-        if rel["id"] in state["bad"]:
-            state["bad"].remove(rel["id"])
+        _drop(root, state, rel)
         removed.append(rel["id"])
         excess -= 1
     if removed:
@@ -234,14 +244,10 @@ def discard_release(root, release_id, run_id, why, fence=None):
         rel = next((r for r in state["releases"] if r["id"] == release_id), None)
         if rel is None:
             return {"removed": False, "why": "no such release"}
-        protected = {state["active"], state["previous_good"], (state.get("pending") or {}).get("release")}
-        if release_id in protected or rel.get("run") != run_id:
+        if release_id in _protected(state) or rel.get("run") != run_id:
             raise Failure("release %s is in use or was not pushed by run %s: not removed" % (release_id, run_id),
                           "protected")
-        shutil.rmtree(os.path.join(root, "releases", release_id), ignore_errors=True)
-        state["releases"].remove(rel)
-        if release_id in state["bad"]:
-            state["bad"].remove(release_id)
+        _drop(root, state, rel)
         _save_state(root, state)
         _journal(root, "discard", run=run_id, release=release_id, why=why)
     return {"removed": True}

@@ -20,7 +20,7 @@ def _runs(seconds: list[float], tokens: int = 64, rounds: int = 63) -> list[dict
 def _write(folder: Path, name: str, cells: dict[int, list[dict]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps(
-        {"config": {}, "ok": True, "workloads": {f"speed-bs{b}": r for b, r in cells.items()}}))
+        {"config": {"name": name}, "ok": True, "workloads": {f"speed-bs{b}": r for b, r in cells.items()}}))
 
 
 def test_pooled_tok_s_is_total_tokens_over_total_time():

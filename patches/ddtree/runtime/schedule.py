@@ -139,11 +139,10 @@ def _parse_json_schedule(body: str, source: str) -> Schedule:
                                 "(0 = the plain DFlash chain)")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ScheduleError(f"{source}: batch size {key}: budget {value!r} is not an integer")
-        by_bs[bs] = value
-    for bs, budget in by_bs.items():
-        if budget < 0 or budget > MAX_BUDGET:
-            raise ScheduleError(f"{source}: batch size {bs}: budget {budget} is out of range: budgets are 0 (the "
+        if value < 0 or value > MAX_BUDGET:
+            raise ScheduleError(f"{source}: batch size {bs}: budget {value} is out of range: budgets are 0 (the "
                                 f"chain) to {MAX_BUDGET}")
+        by_bs[bs] = value
     return Schedule.of(by_bs)
 
 
