@@ -5,11 +5,18 @@
 #   restart, probe: overlay in use, GPU self-test, start-up, generation) -> probe -> apply a broken overlay (the probe
 #   fails fast, rolled back) -> probe -> releases -> server stop.
 # Usage (repo root, offline 0.5.17 bundle in .e2e17/): bash bench/e2e/apply_on_gpu.sh
+#   E2E_BASE=0.5.N: the bundle in .e2eN/ (bench/e2e/mk_bundle.sh) and the broken fixture of that base. Bases after
+#   0.5.17 pin torch 2.13 and the H200 has torch 2.11: `abi` warns and `apply` must refuse (exit 4, the patch
+#   set's torch requirement against the host's torch) and the deploy is then made with `--ignore-abi`, which the journal records (abi_ignored=True);
+#   SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 in the environment is passed on to the server (the kernel library stays
+#   0.4.5 in those bundles: bench/results/sglang-0.5.18-h200-notes.md).
 #   APPLY_SERVER=refengine: a CPU rehearsal of the same flow (the sandbox's reference engine serves instead of SGLang).
 # Writes $OUT/apply-transcript.txt (every command, its exit code and seconds, its output) and apply-transcript.json.
 set -u
-REPO=$PWD; B=$REPO/.e2e17; OUT=${OUT:-$REPO/e2e-out}; mkdir -p "$OUT"
+BASE=${E2E_BASE:-0.5.17}
+REPO=$PWD; B=$REPO/.e2e${BASE##*.}; OUT=${OUT:-$REPO/e2e-out}; mkdir -p "$OUT"
 SERVER=${APPLY_SERVER:-sglang}
+MODELS=${APPLY_MODELS:-/tmp/models}  # where the agree models are made (another run on the machine may use /tmp/models)
 W=${APPLY_WORK:-/tmp/ddtree-gpu-host}; rm -rf "$W"; mkdir -p "$W/inv" "$W/store"
 SITE=$W/sglang-site                                  # the "installed" SGLang the product must never modify
 PY=$(command -v python3)
@@ -22,13 +29,13 @@ if [ "$SERVER" = refengine ]; then
   CMD='{python} -m ddtree_refengine --host {host} --port {port} {ddtree_flags}'
   FLAGS='--speculative-algorithm DFLASH --speculative-ddtree-budget 15'
 else
-  python3 "$B/mk_models.py" /tmp/models > "$W/models.log" 2>&1 && python3 -m bench.e2e.models.mk_agree /tmp/models /tmp/models >> "$W/models.log" 2>&1 || { tail "$W/models.log"; exit 2; }
-  CMD='{python} -m sglang.launch_server --model-path /tmp/models/agree-qwen3 --attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.25 --mm-feature-transport cpu --cuda-graph-max-bs-decode 8 --host {host} --port {port} {ddtree_flags}'
-  FLAGS='--speculative-algorithm DFLASH --speculative-draft-model-path /tmp/models/agree-dflash --speculative-draft-attention-backend triton --speculative-ddtree-budget 15'
+  python3 "$B/mk_models.py" $MODELS > "$W/models.log" 2>&1 && python3 -m bench.e2e.models.mk_agree $MODELS $MODELS >> "$W/models.log" 2>&1 || { tail "$W/models.log"; exit 2; }
+  CMD="{python} -m sglang.launch_server --model-path $MODELS/agree-qwen3 --attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static ${APPLY_MEM_FRACTION:-0.25} --mm-feature-transport cpu --cuda-graph-max-bs-decode 8 --host {host} --port {port} {ddtree_flags}"
+  FLAGS="--speculative-algorithm DFLASH --speculative-draft-model-path $MODELS/agree-dflash --speculative-draft-attention-backend triton --speculative-ddtree-budget 15"
 fi
 cat > "$W/inv/gpu.yaml" <<EOF
 name: gpu
-description: the GPU machine itself (connection local), sglang 0.5.17 installed under $SITE
+description: the GPU machine itself (connection local), sglang $BASE installed under $SITE
 connection: local
 command_timeout: 600
 python: $PY
@@ -44,7 +51,7 @@ server:
     PYTHONPATH: "$SITE:$B/shim"
     SGLANG_IS_FLASHINFER_AVAILABLE: "false"
     HF_HUB_OFFLINE: "1"
-    TRANSFORMERS_OFFLINE: "1"
+    TRANSFORMERS_OFFLINE: "1"$( [ -n "${SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK:-}" ] && printf '\n    SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK: "%s"' "$SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK")
 probe:
   startup_timeout: 300
   generation_timeout: 120
@@ -70,13 +77,29 @@ PY
   echo "== ddtree-deploy $* -> exit $rc (${dt} s; expected $want)"
 }
 BEFORE=$(cd "$SITE" && find sglang -type f -name '*.py' | sort | xargs sha256sum | sha256sum | cut -c1-16)
+# Does the host's torch meet the base's pin? (0.5.18+ on the H200: no, and abi / apply must say so)
+ABI_RC=$(python3 -c "
+import sys; sys.path.insert(0, '$SITE')
+from importlib.metadata import distribution
+from packaging.requirements import Requirement
+import torch
+have = torch.__version__.split('+')[0]
+for r in distribution('sglang').requires or []:
+    q = Requirement(r)
+    if q.name == 'torch' and not q.marker and q.specifier and not q.specifier.contains(have, prereleases=True):
+        print(4); break
+else:
+    print(0)
+" 2>/dev/null || echo 0)
+IGNORE=; [ "$ABI_RC" = 0 ] || IGNORE=--ignore-abi
 step 0 hosts check gpu
 step 0 snapshot gpu
-step 0 abi gpu
+step 0 abi gpu  # the host alone: a pin sglang itself does not meet is a warning (nothing compiled in it)
 step 0 patchset check ddtree --snapshot gpu
-step 0 apply --host gpu
+[ "$ABI_RC" = 0 ] || step "$ABI_RC" apply --host gpu
+step 0 apply --host gpu $IGNORE
 step 0 probe gpu
-step 1 apply --host gpu --patchset "$REPO/tests/patchsets/broken-runtime/sglang-0.5.17"
+step 1 apply --host gpu $IGNORE --patchset "$REPO/tests/patchsets/broken-runtime/sglang-$BASE"
 step 0 probe gpu
 step 0 releases gpu
 step 0 server stop gpu
