@@ -21,7 +21,14 @@ W=${APPLY_WORK:-/tmp/ddtree-gpu-host}; rm -rf "$W"; mkdir -p "$W/inv" "$W/store"
 SITE=$W/sglang-site                                  # the "installed" SGLang the product must never modify
 PY=$(command -v python3)
 T0=$(date +%s)
-WHEELS=${APPLY_WHEELS:-$B/wheels/*.whl}  # the rehearsal passes this machine's sglang 0.5.17 wheel alone
+WHEELS=${APPLY_WHEELS:-$B/wheels/*.whl}
+# SGLang's own switches the run sets, passed on to the server the product starts (bench/results/sglang-0.5.21-h200-notes.md)
+PASS_ENV="SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+# ddtree-deploy's own pure-Python dependencies the GPU image lacks (bench/e2e/mk_bundle.sh puts them in tool-wheels/)
+if ls "$B"/tool-wheels/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$W/tool-site" "$B"/tool-wheels/*.whl || exit 1
+  export PYTHONPATH=$W/tool-site${PYTHONPATH:+:$PYTHONPATH}
+fi  # the rehearsal passes this machine's sglang 0.5.17 wheel alone
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" $WHEELS || exit 1
 export DDTREE_INVENTORY=$W/inv DDTREE_SNAPSHOTS=$W/store DDTREE_PATCHES=$REPO/patches PYTHONUNBUFFERED=1 COLUMNS=120
 if [ "$SERVER" = refengine ]; then
@@ -51,7 +58,7 @@ server:
     PYTHONPATH: "$SITE:$B/shim"
     SGLANG_IS_FLASHINFER_AVAILABLE: "false"
     HF_HUB_OFFLINE: "1"
-    TRANSFORMERS_OFFLINE: "1"$( [ -n "${SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK:-}" ] && printf '\n    SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK: "%s"' "$SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK")
+    TRANSFORMERS_OFFLINE: "1"$(for v in $PASS_ENV; do [ -n "${!v:-}" ] && printf '\n    %s: "%s"' "$v" "${!v}"; done)
 probe:
   startup_timeout: 300
   generation_timeout: 120

@@ -25,5 +25,47 @@ rm -rf "$DEST"; cp -r "$SRC" "$DEST"; chmod -R u+w "$DEST"; rm -rf "$DEST/overla
   'sglang/srt/rust_extensions/_*.so' 'sglang/srt/server/_core.*.so' 'sglang/srt/grpc/_core.*.so' \
   'sglang/srt/multimodal/_core.*.so' 'sglang/multimodal_gen/*' > "$W/trim.log"
 head -1 "$W/trim.log"
+# 0.5.21's DFLASH worker imports flashinfer's renorm kernels on CUDA unconditionally and runs them at start-up
+# (prewarm_sampling) and in its T > 0 verify. flashinfer cannot travel with the bundle (bench/results/
+# sglang-0.5.21-h200-notes.md), so the shim gives those two functions the torch computations SGLang itself falls back
+# to where flashinfer is absent (sglang.srt.layers.sampler.top_p_normalize_probs_torch and dflash_utils' top-k
+# path). The sampling-from-probs kernels stay refused (the runs use --sampling-backend pytorch).
+cat > "$DEST/shim/flashinfer/sampling.py" <<'PYEOF'
+"""flashinfer.sampling stand-in for the offline H200 bundle (see bench/e2e/mk_bundle.sh)."""
+import torch
+
+
+def _unavailable(*args, **kwargs):
+    raise NotImplementedError("flashinfer shim: use --sampling-backend pytorch")
+
+
+min_p_sampling_from_probs = _unavailable
+top_k_top_p_sampling_from_probs = _unavailable
+
+
+def top_p_renorm_probs(probs, top_p):
+    """Keep the smallest prefix of each row (by descending probability) whose mass reaches top_p; renormalise."""
+    top_p = torch.as_tensor(top_p, device=probs.device, dtype=probs.dtype).reshape(-1, 1)
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    sorted_p = sorted_p.masked_fill((sorted_p.cumsum(dim=-1) - sorted_p) > top_p, 0.0)
+    sorted_p = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+
+
+def top_k_renorm_probs(probs, top_k):
+    """Keep each row's top_k largest probabilities (top_k <= 0 or >= vocab keeps all); renormalise."""
+    vocab = probs.shape[-1]
+    k = torch.as_tensor(top_k, device=probs.device, dtype=torch.int64).reshape(-1)
+    k = torch.where((k <= 0) | (k > vocab), torch.full_like(k, vocab), k).expand(probs.shape[0])
+    kmax = int(k.max().item())
+    vals, idx = torch.topk(probs, k=kmax, dim=-1)
+    vals = vals.masked_fill(torch.arange(kmax, device=probs.device)[None, :] >= k[:, None], 0.0)
+    vals = vals / vals.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, idx, vals)
+PYEOF
+# ddtree-deploy's own pure-Python dependencies the GPU image lacks, for bench/e2e/apply_on_gpu.sh
+mkdir -p "$DEST/tool-wheels"
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$DEST/tool-wheels" \
+  platformdirs tenacity "ruamel.yaml"
 "$PY" -m ddtree_deploy patchset build ddtree --base "sglang==$BASE" --out "$DEST/overlay" | tail -1
 du -sh "$DEST"
