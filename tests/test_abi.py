@@ -96,6 +96,13 @@ HOST_CASES: list[tuple[str, Callable[[str, dict[str, Any]], list[abi.Finding]], 
 
 
 
+# What facts record for SGLang 0.5.19+'s Rust radix-tree core (readelf of the 0.5.21 wheel's .so)
+RUST_TREE_CORE = {"path": "sglang/srt/mem_cache/rust_tree_core/mem_cache.cpython-311-x86_64-linux-gnu.so",
+                  "size": 3262768, "glibc_max": "2.34", "links_cuda": False, "links_libtorch": True,
+                  "needed": ["libstdc++.so.6", "libtorch_python.so", "libtorch_cpu.so", "libc10.so", "libgcc_s.so.1",
+                             "libc.so.6", "ld-linux-x86-64.so.2"]}
+
+
 def stack(release: str, *, torch: str, kernel: str, flashinfer: str, python: str = "3.11.7", cuda: str | None = "13.0",
           pins_from_metadata: bool = True, **edits: Any) -> dict[str, Any]:
     """The H200 fixture with a whole stack swapped in: sglang ``release`` with the pins its wheel's METADATA states
@@ -142,6 +149,11 @@ STACK_CASES: list[tuple[str, dict[str, Any], list[tuple[str, str]]]] = [
      stack("0.5.17", torch="2.11.0", kernel="0.4.5", flashinfer="0.6.15.post1", cuda="12.8"), []),
     ("0.5.19 upgraded, torch left at 2.11", stack("0.5.19", torch="2.11.0", kernel="0.4.6.post1", flashinfer="0.6.18"),
      [("kernel-torch", "error"), ("torch-pins", "warning")]),
+    ("0.5.21's Rust TreeCore (links libtorch, built for 2.13) on torch 2.11: an error, not a warning",
+     stack("0.5.21", torch="2.11.0", kernel="0.4.7", flashinfer="0.6.18", sglang__compiled=[RUST_TREE_CORE]),
+     [("kernel-torch", "error"), ("torch-pins", "error")]),
+    ("0.5.21's Rust TreeCore on the torch it pins is fine",
+     stack("0.5.21", torch="2.13.0", kernel="0.4.7", flashinfer="0.6.18", sglang__compiled=[RUST_TREE_CORE]), []),
     ("0.5.17's kernel 0.4.5 beside torch 2.13", stack("0.5.17", torch="2.13.0", kernel="0.4.5", flashinfer="0.6.15.post1"),
      [("kernel-torch", "error"), ("torch-pins", "warning")]),
     ("a kernel that pins torch itself is torch-pins' case",

@@ -159,6 +159,13 @@ def rule_gpu_arch_in_arch_list(host: str, facts: dict[str, Any]) -> list[Finding
     return out
 
 
+def _libtorch_linked(facts: dict[str, Any], name: str) -> list[str]:
+    """The compiled files of ``name`` (sglang only: the package the facts walk) that link libtorch / libc10."""
+    if name != "sglang":
+        return []
+    return [c.get("path", "?") for c in (get(facts, "sglang.compiled", []) or []) if c.get("links_libtorch")]
+
+
 def rule_torch_pins(host: str, facts: dict[str, Any]) -> list[Finding]:
     """Packages that pin torch must see the torch they pin; kernel packages built against another torch do not load."""
     torch_version = _version(get(facts, "torch.version"))
@@ -176,11 +183,20 @@ def rule_torch_pins(host: str, facts: dict[str, Any]) -> list[Finding]:
         if spec.contains(torch_version, prereleases=True):
             continue
         compiled = name in COMPILED_AGAINST_TORCH
+        linked = _libtorch_linked(facts, name)
+        if linked:
+            why = (f"{len(linked)} compiled file(s) in it link libtorch and were built for that torch ({linked[0]}"
+                   f"{', ...' if len(linked) > 1 else ''}); SGLang 0.5.19+'s Rust TreeCore built for torch 2.13 "
+                   "panics in the radix cache on torch 2.11 (`Rust TreeCore panicked: ... UnknownKind(32)`; "
+                   "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python selects SGLang's Python TreeCore instead)")
+        elif compiled:
+            why = "its compiled ops were built against that torch: import fails with `undefined symbol: _ZN3c10...`"
+        else:
+            why = "pip sees a broken dependency set; APIs SGLang expects from torch may be missing"
         out.append(Finding(
-            ERROR if compiled else WARNING, host, "torch-pins",
+            ERROR if compiled or linked else WARNING, host, "torch-pins",
             f"{name} {info.get('version')} pins torch{spec_text}, the host has torch {torch_version}",
-            ("its compiled ops were built against that torch: import fails with `undefined symbol: _ZN3c10...`"
-             if compiled else "pip sees a broken dependency set; APIs SGLang expects from torch may be missing"),
+            why,
             (f"install torch{spec_text} (with the CUDA tag the driver supports) or the {name} build for torch "
              f"{torch_version.public}" if compiled else
              f"install torch{spec_text} (with the CUDA tag the driver supports) or a {name} release made for torch "
