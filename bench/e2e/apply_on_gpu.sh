@@ -26,7 +26,9 @@ WHEELS=${APPLY_WHEELS:-$B/wheels/*.whl}
 PASS_ENV="SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 # ddtree-deploy's own pure-Python dependencies the GPU image lacks (bench/e2e/mk_bundle.sh puts them in tool-wheels/)
 if ls "$B"/tool-wheels/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$W/tool-site" "$B"/tool-wheels/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$W/tool-site" "$B"/tool-wheels/*.whl \
+    $(ls "$B"/wheels/pydantic-*.whl "$B"/wheels/pydantic_core-*.whl "$B"/wheels/annotated_types-*.whl \
+         "$B"/wheels/typing_inspection-*.whl 2>/dev/null) || exit 1
   export PYTHONPATH=$W/tool-site${PYTHONPATH:+:$PYTHONPATH}
 fi  # the rehearsal passes this machine's sglang 0.5.17 wheel alone
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" $WHEELS || exit 1

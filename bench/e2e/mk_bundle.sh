@@ -63,6 +63,41 @@ def top_k_renorm_probs(probs, top_k):
     vals = vals / vals.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, idx, vals)
 PYEOF
+# 0.5.20+ also rehearse the T > 0 verify at start-up (DFlashWorkerV2.prewarm_sampling), which JIT-compiles SGLang's
+# speculative sampling kernel (sglang/kernels/jit, nvcc on the GPU machine) against flashinfer's headers. The whole
+# flashinfer wheel (18 MB) does not fit beside the bundle in one device call, so the shim carries the real headers that
+# kernel includes (flashinfer/sampling.cuh and what it includes, taken from the flashinfer wheel the base pins) and
+# empty folders for the other include paths SGLang's loader insists on.
+FI=$(unzip -p "$DEST/wheels/$(basename "$WHEEL")" '*.dist-info/METADATA' | sed -n 's/^Requires-Dist: flashinfer[-_]python[^=]*==\([^ ;)]*\).*/\1/p' | head -1)
+if [ -n "$FI" ]; then
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$W" "flashinfer-python==$FI"
+  "$PY" - "$W"/flashinfer_python-"$FI"-*.whl "$DEST/shim/flashinfer/data" <<'PYEOF'
+import posixpath, re, sys, zipfile
+from pathlib import Path
+wheel, dest = zipfile.ZipFile(sys.argv[1]), Path(sys.argv[2])
+root = "flashinfer/data/include/"
+names = set(wheel.namelist())
+seen, todo = set(), ["flashinfer/sampling.cuh"]
+while todo:
+    rel = todo.pop()
+    if rel in seen or root + rel not in names:
+        continue
+    seen.add(rel)
+    for inc in re.findall(r'#include\s*[<"]([^>"]+)[>"]', wheel.read(root + rel).decode()):
+        for cand in (posixpath.normpath(posixpath.join(posixpath.dirname(rel), inc)), inc):
+            if root + cand in names:
+                todo.append(cand)
+                break
+for rel in sorted(seen):
+    out = dest / "include" / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(wheel.read(root + rel))
+for empty in ("csrc", "cutlass/include", "cutlass/tools/util/include", "spdlog/include"):
+    (dest / empty).mkdir(parents=True, exist_ok=True)
+    (dest / empty / "README").write_text("empty: the offline bundle's kernels include nothing from here\n")
+print(f"flashinfer headers: {len(seen)} from {Path(sys.argv[1]).name}")
+PYEOF
+fi
 # ddtree-deploy's own pure-Python dependencies the GPU image lacks, for bench/e2e/apply_on_gpu.sh
 mkdir -p "$DEST/tool-wheels"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$DEST/tool-wheels" \
