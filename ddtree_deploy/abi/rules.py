@@ -183,7 +183,7 @@ def rule_torch_pins(host: str, facts: dict[str, Any]) -> list[Finding]:
         if spec.contains(torch_version, prereleases=True):
             continue
         compiled = name in COMPILED_AGAINST_TORCH
-        linked = _libtorch_linked(facts, name)
+        linked = _libtorch_linked(facts, name)  # named in the warning: seen failing on torch 2.11 only (the H200 here)
         if linked:
             why = (f"{len(linked)} compiled file(s) in it link libtorch and were built for that torch ({linked[0]}"
                    f"{', ...' if len(linked) > 1 else ''}); SGLang 0.5.19+'s Rust TreeCore built for torch 2.13 "
@@ -194,7 +194,7 @@ def rule_torch_pins(host: str, facts: dict[str, Any]) -> list[Finding]:
         else:
             why = "pip sees a broken dependency set; APIs SGLang expects from torch may be missing"
         out.append(Finding(
-            ERROR if compiled or linked else WARNING, host, "torch-pins",
+            ERROR if compiled else WARNING, host, "torch-pins",
             f"{name} {info.get('version')} pins torch{spec_text}, the host has torch {torch_version}",
             why,
             (f"install torch{spec_text} (with the CUDA tag the driver supports) or the {name} build for torch "
