@@ -112,10 +112,16 @@ class ReleaseManager:
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         try:
             return self.conn.call("release", op, timeout=timeout, **args)
-        except RemoteError as exc:
-            if exc.kind == "fenced":
-                raise Fenced(f"host {self.host.name}: {exc.message.split(': ', 2)[-1]}",
-                             hint=f"see `ddtree-deploy releases {self.host.name}` for what the host did") from exc
+        except DeployError as exc:
+            hint = f"see `ddtree-deploy releases {self.host.name}` for what the host did"
+            if isinstance(exc, RemoteError) and exc.kind == "fenced":
+                raise Fenced(f"host {self.host.name}: {exc.message.split(': ', 2)[-1]}", hint=hint) from exc
+            lease = self.lease
+            if lease is not None and lease.lost and (isinstance(exc, RemoteError) or is_cut(exc)):
+                # the lease's watcher dropped this run's connection when its guardian ended (another run broke the
+                # lock, kill -9, sshd restarted): the step did not reach the host, whichever came first
+                raise Fenced(f"host {self.host.name}: run {self.run_id} no longer holds the deploy lock ({lease.lost}); "
+                             f"{op} was not done", hint=hint) from exc
             raise
 
     # -- lock ------------------------------------------------------------------------------------------------------
