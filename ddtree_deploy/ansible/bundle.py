@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..baseline import baseline_path
-from ..errors import AbiIncompatible
+from ..errors import AbiIncompatible, InputError
 from ..inventory import Host, probe_setting, server_setting
 from ..overlay import Overlay
 from ..probe import _log_source, _pid_source, guard_spec
@@ -75,14 +75,17 @@ def read_bundle(path: Path) -> tuple[dict[str, Any], bytes]:
 
 
 def prepare(host: Host, directory: Path, *, patchset: str | None = None, ignore_abi: bool = False,
-            allow_base_drift: bool = False, force: bool = False, record_baseline: bool = True,
+            dry_run: bool = False, allow_base_drift: bool = False, force: bool = False, record_baseline: bool = True,
             break_lock: bool = False, progress: Callable[[str], None] = lambda m: None) -> Path:
     """The overlay for ``host`` built as ``apply`` builds it (snapshot, patch set, ABI), written as its bundle.
     Refusals (ABI, patch, unreachable) raise as they do for ``apply``."""
     from ..plan import plan
 
     require_server(host)
-    p = plan(host, patchset=patchset, progress=progress, dry_run=False, allow_base_drift=allow_base_drift)
+    p = plan(host, patchset=patchset, progress=progress, dry_run=dry_run, allow_base_drift=allow_base_drift)
+    if p.overlay is None:  # a dry run takes no snapshot
+        raise InputError(f"host {host.name}: no snapshot yet, so no overlay to check against the host",
+                         hint=f"take one first: `ddtree-deploy snapshot take {host.name}`")
     if p.abi_errors and not ignore_abi:
         errors = [f"{d.get('rule')}: {d.get('what')} (fix: {d.get('fix')})" for d in p.abi_dicts() if d.get("severity") == "error"]
         raise AbiIncompatible(f"host {host.name}: ABI check failed; nothing was pushed\n  " + "\n  ".join(errors),
