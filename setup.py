@@ -18,11 +18,15 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "patches"
 TARGET = Path("ddtree_deploy") / "_patches"
+# The ddtree.deploy Ansible collection's source ships as ddtree_deploy/_collection (ddtree_deploy.ansible.collection
+# lays it out, with the host programs, for `apply --engine ansible`).
+COLLECTION = HERE / "ansible_collections" / "ddtree" / "deploy"
+COLLECTION_TARGET = Path("ddtree_deploy") / "_collection"
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".pytest_cache", ".mypy_cache", ".ruff_cache")
 
 
 class build_py_with_patches(build_py):
-    """``build_py`` plus a copy of the patches/ tree into the built package."""
+    """``build_py`` plus a copy of the patches/ tree and of the Ansible collection's source into the built package."""
 
     def run(self) -> None:
         super().run()
@@ -33,6 +37,11 @@ class build_py_with_patches(build_py):
         dest = Path(self.build_lib) / TARGET
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(SOURCE, dest, ignore=SKIP)
+        if not (COLLECTION / "galaxy.yml").is_file():
+            raise SystemExit(f"no Ansible collection at {COLLECTION} (expected its galaxy.yml)")
+        dest = Path(self.build_lib) / COLLECTION_TARGET
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(COLLECTION, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_programs.py", "output"))
 
 
 setup(cmdclass={"build_py": build_py_with_patches})

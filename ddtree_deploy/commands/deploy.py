@@ -18,7 +18,7 @@ from ..console import emit_json, err, out, table
 from ..deploy import ApplyReport
 from .. import paths
 from ..dryrun import summary_lines
-from ..errors import EXIT_FAILED, EXIT_USAGE, InputError
+from ..errors import EXIT_FAILED, EXIT_USAGE, InputError, OperationFailed
 from ..fleet import read_retry_file, rollout, write_retry_file
 from ..inventory import Host
 from ..ddtree_stats import describe_ddtree
@@ -28,6 +28,16 @@ from ._writes import progress as _progress
 from ._options import (AllHostsOpt, BreakLockOpt, DryRunOpt, HostArg, HostOpt, HostsArg, HostsOpt, InventoryOpt, JsonOpt,
                        LimitOpt, many_hosts, one_host)
 
+
+
+EngineOpt = typer.Option("builtin", "--engine", help="builtin (this tool's own SSH and thread pool) or ansible (the "
+                         "ddtree.deploy collection through ansible-runner: needs the [ansible] extra)")
+
+
+def _engine(engine: str) -> str:
+    if engine not in ("builtin", "ansible"):
+        raise InputError(f"--engine: {engine!r} is not one of builtin, ansible")
+    return engine
 
 
 # -- rendering -----------------------------------------------------------------------------------------------------------
@@ -161,6 +171,12 @@ def apply_cmd(
     fix_flags: bool = typer.Option(False, "--fix-flags", help="first rewrite flags the host's SGLang removed (e.g. "
                                    "--mamba-scheduler-strategy, gone in 0.5.20) to their new spelling in the host file's "
                                    "server.command / server.ddtree_flags; with --dry-run: show that edit, write nothing"),
+    engine: str = EngineOpt,
+    serial: Optional[str] = typer.Option(None, "--serial", help="--engine ansible: Ansible's serial, host counts or "
+                                         "percentages (1,50%: a canary, then half the hosts at a time; default "
+                                         "1,<--max-parallel>)"),
+    max_fail_percentage: int = typer.Option(0, "--max-fail-percentage", min=0, max=100, help="--engine ansible: stop "
+                                            "after a batch in which more than this share of hosts failed"),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -178,6 +194,12 @@ def apply_cmd(
     if diff and not dry_run:
         raise InputError("--diff goes with --dry-run (it prints the overlay diff instead of deploying)")
     retry_file = retry_file or paths.retry_file()
+    _engine(engine)
+    if engine == "builtin" and (serial is not None or max_fail_percentage):
+        raise InputError("--serial and --max-fail-percentage go with --engine ansible (the builtin engine: "
+                         "--max-parallel, --max-fail)")
+    if engine == "ansible" and fix_flags:
+        raise InputError("--fix-flags is not available with --engine ansible yet: run it with the builtin engine first")
     selected, unusable = _select_hosts(names, hosts, limit, all_hosts, retry_failed, retry_file, inventory)
 
     def action(host: Host) -> ApplyReport:
@@ -186,14 +208,25 @@ def apply_cmd(
                                 allow_base_drift=allow_base_drift, fix_flags=fix_flags)
 
     with _interruptible():
-        if len(selected) == 1 and not retry_failed and not unusable:
+        if engine == "ansible":
+            from ..ansible import bundle, engine as ansible_engine
+
+            def prepare(host: Host, directory: Path) -> Path:
+                return bundle.prepare(host, directory, patchset=patchset, ignore_abi=ignore_abi, dry_run=dry_run,
+                                      allow_base_drift=allow_base_drift, force=force, record_baseline=not no_baseline,
+                                      break_lock=break_lock, progress=_progress)
+            result = ansible_engine.apply(selected, prepare, serial=ansible_engine.parse_serial(serial or f"1,{max_parallel}"),
+                                          max_fail_percentage=max_fail_percentage, dry_run=dry_run, forks=max_parallel,
+                                          force=force, break_lock=break_lock, progress=_progress)
+        elif len(selected) == 1 and not retry_failed and not unusable:
             report = action(selected[0])  # a refusal raises with its own exit code
             if as_json:
                 emit_json(report.to_dict())
             else:
                 print_report(report, show_diff=diff)  # its probe table ends with the one DDTree line
             raise typer.Exit(report.exit_code)
-        result = rollout(selected, action, max_parallel=max_parallel, max_fail=max_fail, progress=_progress)
+        else:
+            result = rollout(selected, action, max_parallel=max_parallel, max_fail=max_fail, progress=_progress)
     if not dry_run:
         retry_file.parent.mkdir(parents=True, exist_ok=True)
     path = None if dry_run else write_retry_file(result, retry_file)
@@ -220,6 +253,7 @@ def probe_cmd(
                                          "replies as the baseline on the host, restart as configured, then probe"),
     with_ddtree: bool = typer.Option(False, "--with-ddtree", help="record the baseline with DDTree on instead"),
     dry_run: bool = typer.Option(False, "--dry-run", help="with --record-baseline: say what it would restart and write"),
+    engine: str = EngineOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -227,6 +261,21 @@ def probe_cmd(
     what DDTree does there (budget, accept length, tok/s). A release left switched in but unprobed by a run that
     vanished is probed and kept if it passes, else rolled back (said either way)."""
     h = one_host(host, host_opt, inventory)
+    if _engine(engine) == "ansible":
+        if record_baseline:
+            raise InputError("--record-baseline is not available with --engine ansible: use the builtin engine")
+        from ..ansible import engine as ansible_engine
+
+        with _interruptible():
+            res = ansible_engine.one_host(h, "ddtree_probe", {}, progress=_progress)
+        result = ansible_engine.probe_result(res.get("probe"))
+        if result is None:
+            raise OperationFailed(f"host {h.name}: {res.get('msg')}")
+        if as_json:
+            emit_json(result.to_dict())
+        else:
+            print_probe(result)
+        raise typer.Exit(0 if result.ok else EXIT_FAILED)
     drift = None if dry_run else hostops.server_flag_drift(h)
     if drift:
         warn_flag_drift(h.name, drift)
@@ -258,12 +307,28 @@ def rollback_cmd(
     force: bool = typer.Option(False, "--force", help="roll back to a release marked bad or interrupted anyway"),
     dry_run: bool = DryRunOpt,
     break_lock: bool = BreakLockOpt,
+    engine: str = EngineOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Switch a host back by hand, mark the release it leaves bad, restart and probe. A release marked bad is
     refused unless --force."""
     h = one_host(host, host_opt, inventory)
+    if _engine(engine) == "ansible":
+        from ..ansible import engine as ansible_engine
+
+        args = {"to_installed": True} if to == "installed" else ({"to": to} if to else {})
+        with _interruptible():
+            res = ansible_engine.one_host(h, "ddtree_rollback", {**args, "break_lock": break_lock}, dry_run=dry_run,
+                                          progress=_progress)
+        if not isinstance(res.get("report"), dict):
+            raise OperationFailed(f"host {h.name}: {res.get('msg')}")
+        report = ansible_engine.report_from(res["report"], h.name)
+        if as_json:
+            emit_json(report.to_dict())
+        else:
+            print_report(report)
+        raise typer.Exit(report.exit_code)
     with _interruptible():
         report = hostops.rollback(h, to=None if to == "installed" else to, to_installed=to == "installed",
                                   break_lock=break_lock, force=force, dry_run=dry_run, progress=_progress)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 #: What an sdist / a build needs (MANIFEST.in and setup.py say the same).
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches")
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "ansible_collections")
 
 
 @dataclass
@@ -72,11 +72,11 @@ def build_wheel(dest: Path) -> Path:
 
 def install_wheel(root: Path) -> None:
     """Wheel (``root/build``) -> fresh venv (``root/venv``, no system site-packages) -> ``pip install`` of the
-    wheel alone, deps from the registry. Read-only afterwards: the test run's workers share it."""
+    wheel alone with its ``ansible`` extra, deps from the registry. Read-only afterwards: the test run's workers share it."""
     wheel = build_wheel(root / "build")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-    proc = _pip(venv / "bin" / "python", "install", str(wheel))
+    proc = _pip(venv / "bin" / "python", "install", f"{wheel}[ansible]")  # with its Ansible extra (--engine ansible)
     if proc.returncode != 0:
         raise RuntimeError(f"pip install of the wheel into a fresh venv failed:\n{proc.stdout}\n{proc.stderr}")
     if not (venv / "bin" / "ddtree-deploy").exists():
