@@ -356,9 +356,16 @@ def test_memory_check_when_not_even_the_root_fits(hybrid_args):
 @pytest.mark.parametrize("base", with_trait("hybrid"))
 def test_hooks_sit_where_the_base_reads_them(v2_trees, base):
     tree = v2_trees(base) / "sglang" / "srt"
-    gdn = (tree / "layers/attention/linear/gdn_backend.py").read_text()
-    assert gdn.index("return self.ddtree.forward(") < gdn.index("mamba_cache_params = self.req_to_token_pool")
-    assert gdn.count("self.ddtree.fill(forward_batch)") == 2  # eager metadata and graph replay prep
+    # the GDN backend is the base's own file: its four hooks come through SGLang's plugin framework (the tree verify
+    # attached after __init__, the parents filled after the eager and the graph-replay metadata, TARGET_VERIFY
+    # around forward_extend), each checked against its definition's sha256 (test_v2_plugin.py)
+    assert "ddtree" not in (tree / "layers/attention/linear/gdn_backend.py").read_text()
+    table = json.loads((tree / "speculative/ddtree_v2/plugin_hooks.json").read_text())
+    gdn = "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend."
+    assert sorted((h["target"].removeprefix(gdn), h["type"], h["hook"].split(":")[1]) for h in table["hooks"]
+                  if h["target"].startswith(gdn)) == [
+        ("__init__", "after", "gdn_attach"), ("forward_extend", "around", "gdn_forward_extend"),
+        ("init_forward_metadata", "after", "gdn_fill"), ("init_forward_metadata_out_graph", "after", "gdn_fill")]
     conf = (tree / "mem_cache/kv_cache_configurator.py").read_text()
     # the chunk-form verify's per-node records: the base sizes its scratch by what the hook says
     call = ("step_per_req = check_memory_for_pool(\n                    self,\n                    total_rest_memory,"
