@@ -91,7 +91,7 @@ def check_hook_fields(raw: dict[str, Any], idx: int, src: str) -> Hook:
         raise InputError(f"{where}.hook': {raw['hook']!r} is not module:function")
     if not re.match(r"^[0-9a-f]{64}$", raw["sha256"] or ""):
         raise InputError(f"{where}.sha256': expected a sha256 hex digest (64 lower-case hex characters), got "
-                         f"{raw['sha256']!r} (`patchset port` or `hooks_sha256` writes it)")
+                         f"{raw['sha256']!r} (`patchset port` writes it)")
     source = raw.get("source")
     if source is not None and not _SOURCE.match(source):
         raise InputError(f"{where}.source': {source!r} is not FILE.py::Qualified.name")
@@ -138,11 +138,6 @@ def definition_text(text: str, node: ast.AST) -> str:
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     lines = text.splitlines(keepends=True)
     return "".join(lines[first - 1:node.end_lineno])
-
-
-def definition_sha256(text: str, qual: list[str]) -> Optional[str]:
-    node = find_definition(ast.parse(text), qual)
-    return None if node is None else hashlib.sha256(definition_text(text, node).encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
