@@ -621,6 +621,8 @@ os.environ["DDTREE_GDN_VERIFY"] = sys.argv[4]  # the bit-exact reference holds f
 from types import SimpleNamespace as NS
 sys.path.append(sys.argv[3])  # the repository root, as bench/e2e/driver.py's config_env puts it for the hook
 runpy.run_path(sys.argv[1])  # bench/e2e/gdn_unpacked_decode/sitecustomize.py: its import hook, before SGLang loads
+from sglang.srt.plugins import load_plugins  # then SGLang's plugins, as a server process does after sitecustomize
+load_plugins()
 H = runpy.run_path(sys.argv[2], run_name="harness")  # tests/gpu/test_hybrid_v2_kernels_gpu.py: backend, layer set-up
 import torch
 B = H["base"]()
@@ -699,7 +701,7 @@ def test_ard_plain_decode_is_bit_identical_to_ddtree_verify(v2_trees, tmp_path: 
     its commit (real patched 0.5.17 classes; Triton interpreted)."""
     hook = REPO / "bench" / "e2e" / "gdn_unpacked_decode" / "sitecustomize.py"
     res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), str(REPO), "recurrent",
-                             timeout=900))
+                             plugins=False, timeout=900))
     assert res["mode"] == "recurrent" and res["out_rel_diff"] == res["ssm_rel_diff"] == 0.0, res
     assert {k: res[k] for k in ("hooked", "outputs_equal", "ssm_equal", "conv_equal", "moved")} == {
         "hooked": True, "outputs_equal": True, "ssm_equal": True, "conv_equal": True, "moved": True}, res
@@ -711,6 +713,6 @@ def test_chunk_verify_equals_plain_decode_within_float32_rounding(v2_trees, tmp_
     bit-equal (a copy), the committed state rebuilt from the records."""
     hook = REPO / "bench" / "e2e" / "gdn_unpacked_decode" / "sitecustomize.py"
     res = _result(run_python(v2_trees("0.5.17"), tmp_path, ARD, str(hook), str(HARNESS), str(REPO), "chunk",
-                             timeout=900))
+                             plugins=False, timeout=900))
     assert res["mode"] == "chunk" and res["hooked"] and res["moved"] and res["conv_equal"], res
     assert res["out_rel_diff"] < 1e-5 and res["ssm_rel_diff"] < 1e-5, res
