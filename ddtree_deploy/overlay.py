@@ -2,12 +2,15 @@
 
 It is the hand-off between the patch-set stage (which builds it off-host from a snapshot) and the release stage
 (which writes it into a hard-link copy of the installed package on the host). Paths are relative to
-site-packages (``sglang/srt/...``), always inside the package, never absolute and never with ``..``.
+site-packages (``sglang/srt/...``), always inside the package, never absolute and never with ``..``; the one
+exception is a patch set's plugin distribution (``<name>-<version>.dist-info/<file>``, beside the package: its entry
+point is how SGLang's plugin loader finds the hooks), which may never be the package's own dist-info.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -61,8 +64,21 @@ class Overlay:
         }
 
 
+_DIST_INFO = re.compile(r"^[a-z0-9_]+-[0-9][a-z0-9.]*\.dist-info$")
+
+
+def is_plugin_dist_info(path: str, package: str) -> bool:
+    """``<dist>-<version>.dist-info/<file>`` of a distribution other than ``package``'s own."""
+    parts = PurePosixPath(path).parts
+    return (len(parts) == 2 and bool(_DIST_INFO.match(parts[0])) and parts[1] in ("METADATA", "entry_points.txt")
+            and not parts[0].startswith(package.replace("-", "_") + "-"))
+
+
 def check_relative_path(path: str, package: str, *, what: str) -> None:
-    """Refuse paths that leave the package: absolute, ``..``, or outside ``<package>/``."""
+    """Refuse paths that leave the package: absolute, ``..``, or outside ``<package>/`` (but for a plugin
+    distribution's METADATA and entry_points.txt, :func:`is_plugin_dist_info`)."""
+    if is_plugin_dist_info(path, package):
+        return
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or "\\" in path or not p.parts or p.parts[0] != package:
         raise InputError(f"{what} path {path!r} leaves the {package} package (must be relative, under {package}/, no '..')")

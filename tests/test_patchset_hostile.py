@@ -175,3 +175,43 @@ def test_bad_yaml_and_missing_patch_name_the_file(sample_copy: Path) -> None:
     assert "field 'series[0]'" in msg and "does not exist" in msg
     (sample_copy / "patchset.yaml").write_text("name: [unclosed\n")
     assert "invalid YAML" in refused(sample_copy)
+
+
+# -- hooks (SGLang's plugin framework) ------------------------------------------------------------------------------------
+def test_a_plugin_dist_info_is_generated_never_patched(sample_copy: Path) -> None:
+    patch = next(sample_copy.glob("0002-*.patch"))
+    patch.write_text(patch.read_text().replace("sglang/srt/speculative/ddtree_sample_hook.py",
+                                               "sample_sglang_plugin-0.1.0.dist-info/entry_points.txt"))
+    assert "leaves the sglang package" in refused(sample_copy)
+
+
+PLUGIN = """plugin:
+  name: sample
+  entry: sglang.srt.speculative.ddtree_sample:register
+  hooks_file: sglang/srt/speculative/ddtree_sample/hooks.json
+"""
+HOOK = """hooks:
+  - target: sglang.srt.configs.device_config.DeviceConfig.__init__
+    type: after
+    hook: sglang.srt.speculative.ddtree_sample:register
+    sha256: {sha}
+"""
+
+
+@pytest.mark.parametrize("text, needle", [
+    (HOOK.format(sha="ab" * 32), "the patch set has hooks but no plugin"),
+    (PLUGIN, "a plugin without hooks registers nothing"),
+    (PLUGIN + HOOK.format(sha="abc"), "field 'hooks[0].sha256': expected a sha256"),
+    (PLUGIN + HOOK.format(sha="ab" * 32).replace("type: after", "type: instead"), "'instead' is not one of before"),
+    (PLUGIN + HOOK.format(sha="ab" * 32).replace("ddtree_sample:register", "elsewhere:run"),
+     "is not module:function of a vendored file (vendored: sglang/srt/speculative/ddtree_sample)"),
+    (PLUGIN.replace("hooks.json", "__init__.py") + HOOK.format(sha="ab" * 32), "must be a .json file"),
+    (PLUGIN.replace("sglang/srt/speculative/ddtree_sample/hooks.json", "hooks.json") + HOOK.format(sha="ab" * 32),
+     "field 'plugin.hooks_file'"),
+])
+def test_hooks_and_their_plugin_are_checked_at_load(sample_copy: Path, text: str, needle: str) -> None:
+    init = sample_copy.parent / "runtime" / "__init__.py"
+    init.write_text(init.read_text() + "\n\ndef register():\n    pass\n")
+    yml = sample_copy / "patchset.yaml"
+    yml.write_text(yml.read_text() + text)
+    assert needle in refused(sample_copy)

@@ -131,6 +131,9 @@ def check_cmd(
         colour = "green" if step.status == "applied" else "yellow"
         out.print(f"  [{colour}]{step.status:<8}[/{colour}] {escape(step.name)}  ({escape(', '.join(step.files))})"
                   + (f"\n           {escape(step.detail)}" if step.detail else ""), highlight=False)
+    for h in ps.hooks:
+        out.print(f"  [green]hooked[/green]   {escape(h.type)} {escape(h.target)}  (sha256 {h.sha256[:12]})",
+                  highlight=False)
     ov = result.overlay
     out.print(f"overlay {ov.digest[:16]} ({len(ov.files)} files):", highlight=False)
     for f in ov.files:
@@ -138,7 +141,10 @@ def check_cmd(
     for note in ov.notes:
         if note not in result.warnings:
             err.print(f"[bold yellow]NOTE:[/bold yellow] {escape(note)}", highlight=False)
-    out.print(f"[green]ok[/green]: {len(ps.patches)} patch(es) apply; overlay of {len(ov.files)} file(s)")
+    replaced = [f.path for f in ov.files if f.action == "replace"]
+    out.print(f"[green]ok[/green]: {len(ps.patches)} patch(es) apply"
+              + (f", {len(ps.hooks)} hook target(s) match" if ps.hooks else "")
+              + f"; overlay of {len(ov.files)} file(s), replacing {len(replaced)} {src.package} file(s)")
 
 
 @app.command("diff")
@@ -351,9 +357,15 @@ def _port_report(res) -> None:
             if f.conflict_file:
                 out.print(f"[red]conflict[/red] {escape(p.name)} {escape(f.path)}: {f.conflicts} region(s), edit "
                           f"{escape(f.conflict_file)}", highlight=False)
+    if res.hooks:
+        colours = {"unchanged": "green", "changed": "yellow", "missing": "red"}
+        out.print(table(f"hooks: {sum(h.status == 'changed' for h in res.hooks)} of {len(res.hooks)} target(s) "
+                        "changed", ["hook", "file (under sglang/srt/)", "status", "detail"],
+                        [[h.hook, h.file.removeprefix("sglang/srt/"),
+                          f"[{colours[h.status]}]{h.status}[/{colours[h.status]}]", h.detail] for h in res.hooks]))
     for n in res.notes:
         err.print(f"[bold yellow]NOTE:[/bold yellow] {escape(n)}", highlight=False)
-    if res.conflicts:
+    if res.conflicts or res.hook_conflicts:
         return
     where = "would be written" if res.dry_run else "written"
     out.print(f"[green]ok[/green]: {len(res.series)} patch(es) {where} to {escape(res.dest)}; requires "

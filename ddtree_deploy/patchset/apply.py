@@ -29,6 +29,7 @@ from .base import BaseSource, WheelBase, as_base_source
 from .explain import explain_failure, format_failure
 from .diff import MODE_EXEC, PatchFile
 from .format import MAX_FILE_BYTES, PatchSet, read_vendored
+from .hooks import check_hooks, format_mismatches, plugin_files
 from .lifecycle import gate
 
 Progress = Callable[[str], None]
@@ -90,7 +91,8 @@ class ApplyResult:
 
     def describe(self) -> dict[str, Any]:
         return {"ok": True, "overlay": self.overlay.describe(), "warnings": self.warnings,
-                "steps": [s.__dict__ for s in self.steps]}
+                "steps": [s.__dict__ for s in self.steps],
+                "replaces": sorted(f.path for f in self.overlay.files if f.action == "replace")}
 
 
 def build_overlay(patchset: PatchSet, base: BaseSource, *, allow_base_drift: bool = False,
@@ -104,8 +106,10 @@ def apply_patchset(patchset: PatchSet, base: BaseSource, *, allow_base_drift: bo
     """Like :func:`build_overlay`, also returning per-patch steps and the warnings for the report."""
     base = as_base_source(base)
     warnings = check_base(patchset, base, allow_base_drift=allow_base_drift)
+    hashes = check_hook_targets(patchset, base, allow_base_drift=allow_base_drift, warnings=warnings)
     try:
-        return _apply(patchset, base, warnings, three_way=three_way, say=progress or (lambda _msg: None))
+        return _apply(patchset, base, warnings, three_way=three_way, say=progress or (lambda _msg: None),
+                      hook_hashes=hashes)
     except SeriesDoesNotApply as exc:
         if warnings:  # a failure under --allow-base-drift still says loudly that the base was not the right one
             exc.message = "\n".join([*warnings, exc.message])
@@ -113,7 +117,28 @@ def apply_patchset(patchset: PatchSet, base: BaseSource, *, allow_base_drift: bo
         raise
 
 
-def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_way: bool, say: Progress) -> ApplyResult:
+def check_hook_targets(patchset: PatchSet, base: BaseSource, *, allow_base_drift: bool,
+                       warnings: list[str]) -> dict[int, str]:
+    """Every hook's target exists in the base with the recorded sha256: a changed or missing target is refused like
+    a hunk that does not apply (exit 5). Under ``allow_base_drift`` it is a loud warning instead, and the hook table
+    records the base's hash (the plugin on the host checks against it). Returns those hashes by hook index."""
+    mismatches = check_hooks(patchset, base)
+    if not mismatches:
+        return {}
+    text = format_mismatches(patchset, base.label, mismatches)
+    missing = [m for m in mismatches if m["found"] == "missing"]
+    if not allow_base_drift or missing:
+        raise SeriesDoesNotApply(text, details={"reason": "hook target changed", "hooks": mismatches},
+                                 hint="port the patch set (`ddtree-deploy patchset port`): it re-reads every hook's "
+                                 "target and records its new hash once the hook is checked against it")
+    warnings.append("BASE DRIFT: " + text.replace("; nothing was produced", "") + " — recorded as found because "
+                    "--allow-base-drift was given")
+    by_target = {m["hook"]: m["found"] for m in mismatches}
+    return {h.index: by_target[h.label] for h in patchset.hooks if h.label in by_target}
+
+
+def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_way: bool, say: Progress,
+           hook_hashes: dict[int, str] | None = None) -> ApplyResult:
     touched = patchset.touched_files()
     created = patchset.created_files()
     for path, pname in created.items():
@@ -173,7 +198,8 @@ def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_w
                 notes.append(f"{patch.name} skipped: {steps[idx].detail}")
             if steps[idx].status == "3-way":
                 notes.append(f"--3way used: {patch.name} did not apply exactly; {steps[idx].detail}")
-        files = _collect(stage, patchset, base, base_bytes, staged, created)
+        files = sorted(_collect(stage, patchset, base, base_bytes, staged, created)
+                       + plugin_files(patchset, hook_hashes), key=lambda f: f.path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     overlay = Overlay(package=base.package, patchset=patchset.qualified_name, patchset_version=patchset.version,

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import InputError
-from ..overlay import check_relative_path
+from ..overlay import check_relative_path, is_plugin_dist_info
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 MODE_FILE, MODE_EXEC, MODE_SYMLINK, MODE_GITLINK = "100644", "100755", "120000", "160000"
@@ -301,7 +301,10 @@ def _check_file_patch(fp: FilePatch, *, source: str, package: str) -> None:
 
 
 def check_path_in_package(path: str, package: str, *, what: str) -> None:
-    """The overlay's path rule plus: no ``.git`` components, no empty or ``.`` components."""
+    """The overlay's path rule plus: no ``.git`` components, no empty or ``.`` components; and inside the package
+    only (a plugin's dist-info is generated from ``plugin:``, never patched or vendored)."""
+    if is_plugin_dist_info(path, package):
+        raise InputError(f"{what} path {path!r} leaves the {package} package (must be relative, under {package}/)")
     check_relative_path(path, package, what=what)
     parts = PurePosixPath(path).parts
     if len(parts) < 2 or any(p in (".git", ".") for p in parts) or "//" in path or path.endswith("/"):

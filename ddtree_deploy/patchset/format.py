@@ -29,6 +29,7 @@ from .. import paths
 from ..errors import InputError, PatchDoesNotApply
 from ..schema import StrMap, Strict, checked, load_yaml, setting, validate
 from .diff import PatchFile, check_path_in_package, parse_patch
+from .hooks import Hook, Plugin, check_hook_fields
 
 #: Largest file a patch set may ship (a patch, a vendored runtime file, the YAML): protects the tool and the hosts
 #: from a patch set that smuggles in a blob. Real DDTree patches are a few KiB.
@@ -79,6 +80,8 @@ class PatchSet:
     patches: tuple[PatchFile, ...]
     runtime: Runtime | None
     vendor: tuple[Runtime, ...] = ()
+    plugin: Plugin | None = None
+    hooks: tuple[Hook, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -125,6 +128,8 @@ class PatchSet:
                 "files": [dest for dest, _ in self.runtime.files]},
             "vendor": [{"source": str(v.source), "dest": v.dest, "files": [dest for dest, _ in v.files]}
                        for v in self.vendor],
+            "plugin": None if self.plugin is None else dict(self.plugin.__dict__),
+            "hooks": [{k: v for k, v in h.__dict__.items() if k != "index" and v} for h in self.hooks],
         }
 
 
@@ -203,6 +208,22 @@ class _Vendor(Strict):
     dest: str = setting(help="where they go in the package")
 
 
+class _Plugin(Strict):
+    name: Name = setting(help="the entry point's name in group sglang.srt.plugins (what SGLANG_PLUGINS lists)")
+    entry: str = setting(help="module:function that registers the hooks, in the vendored code")
+    hooks_file: str = setting(help="where the overlay puts the generated hook table (JSON), e.g. "
+                              "sglang/srt/speculative/ddtree_v2/plugin_hooks.json")
+
+
+class _Hook(Strict):
+    target: str = setting(help="qualified name of the function, method or class hooked")
+    type: str = setting(help="before, after, around or replace")
+    hook: str = setting(help="module:function implementing it, in the vendored code")
+    sha256: str = setting(help="sha256 of the target's definition in the base")
+    source: Optional[str] = setting(None, help="FILE.py::Class.method where an inherited target is defined")
+    why: str = setting("")
+
+
 class PatchSetFile(Strict):
     """``patchset.yaml``."""
 
@@ -216,6 +237,9 @@ class PatchSetFile(Strict):
     runtime: Optional[_Runtime] = setting(None)
     # More directories vendored whole, like the runtime (e.g. integration code shared by several bases).
     vendor: list[_Vendor] = setting(factory=list)
+    # Changes delivered as hooks through SGLang's plugin framework (patchset/hooks.py) instead of text patches.
+    plugin: Optional[_Plugin] = setting(None)
+    hooks: list[_Hook] = setting(factory=list)
 
 
 def check_regular_file(path: Path, *, what: str) -> None:
@@ -411,8 +435,11 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
                   requires={k: str(v) for k, v in data["requires"].items()}, patches=tuple(patches),
                   runtime=_load_runtime(data["runtime"], ps_dir, package, src),
                   vendor=tuple(_load_runtime(v, ps_dir, package, src, field=f"vendor[{i}]")
-                               for i, v in enumerate(data["vendor"])), raw=doc)
+                               for i, v in enumerate(data["vendor"])),
+                  plugin=Plugin(**data["plugin"]) if data["plugin"] else None,
+                  hooks=tuple(check_hook_fields(h, i, src) for i, h in enumerate(data["hooks"])), raw=doc)
     _cross_check(ps, src)
+    _check_plugin(ps, src)
     return ps
 
 
@@ -485,3 +512,44 @@ def _cross_check(ps: PatchSet, src: str) -> None:
     if clash:
         raise InputError(f"{src}: field '{owners[clash[0]]}.dest': {clash[0]} is both patched by the series and "
                          "vendored; keep one owner per file")
+
+
+def _check_plugin(ps: PatchSet, src: str) -> None:
+    """Hooks and their plugin agree: a plugin for hooks, each implementation a function of the vendored code, the
+    hook table a new JSON file of the package, no target hooked twice by the same type."""
+    if ps.hooks and ps.plugin is None:
+        raise InputError(f"{src}: field 'plugin': the patch set has hooks but no plugin (entry, hooks_file) to "
+                         "register them")
+    if ps.plugin is None:
+        return
+    if not ps.hooks:
+        raise InputError(f"{src}: field 'hooks': a plugin without hooks registers nothing; drop 'plugin'")
+    vendored = {dest: path for v in ps.vendored for dest, path in v.files}
+    hf = ps.plugin.hooks_file
+    check_path_in_package(hf, ps.base_package, what=f"{src}: field 'plugin.hooks_file'")
+    if not hf.endswith(".json"):
+        raise InputError(f"{src}: field 'plugin.hooks_file': {hf!r} must be a .json file")
+    if hf in vendored or hf in ps.touched_files():
+        raise InputError(f"{src}: field 'plugin.hooks_file': {hf} is also vendored or patched; it is generated")
+
+    def impl(value: str, where: str) -> None:
+        module, func = value.split(":", 1) if ":" in value else (value, "")
+        stem = module.replace(".", "/")
+        path = vendored.get(f"{stem}.py") or vendored.get(f"{stem}/__init__.py")
+        if path is None or not func:
+            raise InputError(f"{src}: field '{where}': {value!r} is not module:function of a vendored file "
+                             f"(vendored: {', '.join(sorted(v.dest for v in ps.vendored)) or 'none'})")
+        import ast
+
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == func
+                   for n in tree.body):
+            raise InputError(f"{src}: field '{where}': {path} defines no function {func!r}")
+
+    impl(ps.plugin.entry, "plugin.entry")
+    seen: set[tuple[str, str]] = set()
+    for h in ps.hooks:
+        impl(h.hook, f"hooks[{h.index}].hook")
+        if (h.target, h.type) in seen:
+            raise InputError(f"{src}: field 'hooks[{h.index}]': {h.type} {h.target} is hooked twice; keep one")
+        seen.add((h.target, h.type))

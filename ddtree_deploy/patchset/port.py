@@ -24,10 +24,17 @@ content. A patch left empty (every hunk ``present``) drops out of the series and
 the old one with ``base.version``, ``base.files``, the series and the requirements the new wheel pins (torch,
 python) rewritten, its comments kept. Nothing is written into the patches tree on a conflict (exit 5) or under
 ``dry_run``, and an existing series folder is replaced only with ``force``.
+
+Hooks (``hooks:``, delivered through SGLang's plugin framework) are ported by reading each target's definition in
+the new base: ``unchanged`` (same sha256), ``changed`` (the new hash is written into the new ``patchset.yaml`` and
+the target is reported with how many of its lines differ: what to review before the new series is trusted), or
+``missing`` (the target is gone or moved: a conflict, exit 5, nothing written).
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
 import email.parser
 import hashlib
 import json
@@ -47,6 +54,7 @@ from .base import BaseSource, WheelBase
 from .dev import BASE_DATE, FORMAT_PATCH, _plain_message, series_entries, update_yaml_text
 from .diff import FilePatch, Hunk
 from .format import PATCHSET_FILE, PatchSet, load_patchset
+from .hooks import check_hooks, definition_text, find_definition, locate, split_target
 from .lifecycle import gate
 
 PORT_STATE = "port.json"
@@ -79,6 +87,17 @@ class PatchReport:
 
 
 @dataclass
+class HookPort:
+    hook: str  # hooks[i] (type target)
+    target: str
+    file: str
+    status: str  # unchanged | changed | missing
+    old: str  # sha256 on the --from base
+    new: str  # sha256 on the new base ("" when missing)
+    detail: str = ""
+
+
+@dataclass
 class PortResult:
     name: str
     from_version: str
@@ -93,13 +112,18 @@ class PortResult:
     written: bool
     dry_run: bool
     notes: list[str] = field(default_factory=list)
+    hooks: list[HookPort] = field(default_factory=list)
 
     @property
     def conflicts(self) -> list[PatchReport]:
         return [p for p in self.patches if p.status == "conflict"]
 
+    @property
+    def hook_conflicts(self) -> list[HookPort]:
+        return [h for h in self.hooks if h.status == "missing"]
+
     def describe(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": not self.conflicts,
+        return {**asdict(self), "ok": not self.conflicts and not self.hook_conflicts,
                 "counts": _counts([h.status for p in self.patches for h in p.hunks])}
 
 
@@ -265,6 +289,10 @@ def port_patchset(patchset: PatchSet, old_base: BaseSource, new_base: BaseSource
     if Version(to_version) <= Version(patchset.base_version):
         raise InputError(f"--to {to_version} is not newer than the series' base {patchset.base_version}")
     check_base(patchset, old_base, allow_base_drift=False)  # the series' own base, hashes exact
+    stale = check_hooks(patchset, old_base)
+    if stale:
+        raise InputError(f"{patchset.qualified_name}: its hooks do not match its own base {old_base.label}: "
+                         + "; ".join(f"{m['hook']}: {m['reason']}" for m in stale))
     dest_root = Path(dest_root) if dest_root is not None else patchset.dir.parent
     dest = dest_root / f"{pkg}-{to_version}"
     if dest.exists() and not force and not dry_run:
@@ -322,11 +350,11 @@ def port_patchset(patchset: PatchSet, old_base: BaseSource, new_base: BaseSource
     result = PortResult(name=patchset.name, from_version=patchset.base_version, to_version=to_version,
                         base=new_base.describe(), dest=str(dest), work=str(work), patches=reports,
                         series=[p.name for p, _ in ported], base_files={}, requires=requires, written=False,
-                        dry_run=dry_run, notes=notes)
-    if result.conflicts:
+                        dry_run=dry_run, notes=notes, hooks=port_hooks(patchset, old_base, new_base))
+    if result.conflicts or result.hook_conflicts:
         if not keep_work and dry_run:
             shutil.rmtree(work, ignore_errors=True)
-        names = ", ".join(r.name for r in result.conflicts)
+        names = ", ".join([r.name for r in result.conflicts] + [h.hook for h in result.hook_conflicts])
         exc = PatchDoesNotApply(
             f"{patchset.qualified_name} does not port to {pkg} {to_version}: {names} conflict"
             + ("" if dry_run else f"; the files to edit (diff3 markers) are under {work}")
@@ -340,6 +368,7 @@ def port_patchset(patchset: PatchSet, old_base: BaseSource, new_base: BaseSource
                                                                                  for p, _ in ported])
     result.base_files = base_files
     new_yaml = _new_yaml(patchset, to_version, series_entries(patchset, result.series), base_files, requires)
+    new_yaml = update_hook_hashes(new_yaml, {i: h.new for i, h in enumerate(result.hooks) if h.status == "changed"})
     _validate(dest_root, dest.name, new_yaml, bodies)
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
@@ -475,6 +504,56 @@ def _metadata(patch: Any) -> dict[str, str]:
         return {"name": fields.get("Author", "ddtree"), "email": fields.get("Email", "ddtree@localhost"),
                 "date": fields.get("Date") or BASE_DATE,
                 "message": f"{subject}\n\n{text}\n" if text else f"{subject}\n"}
+
+
+def port_hooks(patchset: PatchSet, old_base: BaseSource, new_base: BaseSource) -> list[HookPort]:
+    """Each hook's target read on the new base: unchanged, changed (with how many definition lines differ), or
+    missing."""
+    out = []
+    for h in patchset.hooks:
+        loc = locate(h, new_base.has, new_base.read)
+        if loc.problem is not None:
+            out.append(HookPort(h.label, h.target, loc.file or "", "missing", h.sha256, "", loc.problem))
+        elif loc.found == h.sha256:
+            out.append(HookPort(h.label, h.target, loc.file or "", "unchanged", h.sha256, loc.found))
+        else:
+            old_text = _definition(h, old_base)
+            new_text = _definition(h, new_base)
+            diff = [ln for ln in difflib.unified_diff(old_text.splitlines(), new_text.splitlines(), lineterm="", n=0)
+                    if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+            added = sum(1 for ln in diff if ln.startswith("+"))
+            out.append(HookPort(h.label, h.target, loc.file or "", "changed", h.sha256, loc.found or "",
+                                f"+{added} -{len(diff) - added} line(s) in its definition: review the hook against it"))
+    return out
+
+
+def _definition(hook: Any, base: BaseSource) -> str:
+    """The text the hook's hash is over, on ``base`` (empty where it is not found)."""
+    loc = locate(hook, base.has, base.read)
+    if loc.file is None or not base.has(loc.file):
+        return ""
+    text = base.read(loc.file).decode("utf-8")
+    qual = hook.source.split("::", 1)[1] if hook.source else ".".join(split_target(hook.target, base.has)[1])
+    node = find_definition(ast.parse(text), qual.split("."))
+    return "" if node is None else definition_text(text, node)
+
+
+def update_hook_hashes(text: str, hashes: dict[int, str]) -> str:
+    """``patchset.yaml`` text with the ``sha256:`` of hook ``i`` (the i-th item of ``hooks:``) set to ``hashes[i]``,
+    everything else (comments, order) kept."""
+    if not hashes:
+        return text
+    out, section, item = [], "", -1
+    for line in text.splitlines(keepends=True):
+        top = re.match(r"^([A-Za-z_]+):", line)
+        if top:
+            section = top.group(1)
+        elif section == "hooks" and re.match(r"^\s*-\s", line):
+            item += 1
+        if section == "hooks" and item in hashes:
+            line = re.sub(r"^(\s+(?:-\s+)?sha256:\s*)[0-9a-f]{64}", rf"\g<1>{hashes[item]}", line)
+        out.append(line)
+    return "".join(out)
 
 
 def _new_yaml(patchset: PatchSet, to_v: str, series: list[Any], base_files: dict[str, str],

@@ -3,6 +3,7 @@
 backend captures its graph with, the tensor-parallel size, and the base-specific lines of the series."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from v2_helpers import TRAITS
@@ -36,8 +37,13 @@ def test_base_specific_lines_of_the_series(v2_base: str, v2_tree: Path):
     assert "committed_len + reserve_ahead" in prep or ("reserve = kv_reservation(" in prep and "reserve=reserve" in prep)
     if "planning_len" in prep:  # 0.5.14: the host planning bound is committed + one drafter block under DDTree
         assert "planning_len = committed_len + plan_ahead" in prep and "plan_ahead = int(dflash_block)" in prep
-    hook = (v2_tree / "sglang/srt/arg_groups/speculative_hook.py").read_text()
-    assert ("grammar_in_worker=False" in hook) == (not traits.grammar)
+    # argument resolution is hooked, not patched: around _handle_dflash, whose post_resolve takes the base's grammar
+    # trait from bases.py (0.5.14-0.5.16: grammar_in_worker=False; the behaviour: test_v2_server_args)
+    assert "ddtree" not in (v2_tree / "sglang/srt/arg_groups/speculative_hook.py").read_text()
+    table = json.loads((v2_tree / "sglang/srt/speculative/ddtree_v2/plugin_hooks.json").read_text())
+    assert ("sglang.srt.arg_groups.speculative_hook._handle_dflash", "around") in {
+        (h["target"], h["type"]) for h in table["hooks"]}
+    assert isinstance(traits.grammar, bool)
     runner = (v2_tree / "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py").read_text()
     assert "build_custom_mask = True" in runner
     triton = (v2_tree / "sglang/srt/layers/attention/triton_backend.py").read_text()

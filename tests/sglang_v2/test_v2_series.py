@@ -38,8 +38,9 @@ def test_patched_modules_import_on_cpu(v2_base: str, v2_tree: Path, v2_probe: di
     assert ("self._ddtree.draft_builder(" in worker) == traits.tree_in_graph
     copies = "ddtree_config.draft_server_args(server_args)" in worker or "set_draft_width(draft_server_args)" in worker
     assert copies == (traits.draft_width == "copy"), "the draft worker is built from a copy at the block size"
-    hook = (v2_tree / "sglang/srt/speculative/spec_info.py").read_text()
-    assert ("draft_width(get_spec())" in hook) == (traits.draft_width == "hook")
+    table = json.loads((v2_tree / "sglang/srt/speculative/ddtree_v2/plugin_hooks.json").read_text())
+    hooked = {h["target"].rsplit(".", 1)[1] for h in table["hooks"]}
+    assert ("get_num_tokens_per_req_for_target_verify" in hooked) == (traits.draft_width == "hook")
 
 
 def test_patchset_list_shows_the_spec_v2_bases(v2_base: str):

@@ -158,9 +158,15 @@ def stand_ins(dest: Path, *, fake_cuda: bool = False) -> list[str]:
     return paths
 
 
-def run_python(tree: Path, work: Path, code: str, *args: str, fake_cuda: bool = False,
+#: What SGLang's launcher, engine and every scheduler process run first: the plugins of group sglang.srt.plugins
+#: (the overlay's ddtree_sglang_plugin dist-info), whose hooks are applied before any DDTree code runs.
+LOAD_PLUGINS = "from sglang.srt.plugins import load_plugins as _load_plugins\n_load_plugins()\n"
+
+
+def run_python(tree: Path, work: Path, code: str, *args: str, fake_cuda: bool = False, plugins: bool = True,
                timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run ``code`` with the patched ``tree`` importable as sglang, on CPU, with its base's dependencies."""
+    """Run ``code`` with the patched ``tree`` importable as sglang, on CPU, with its base's dependencies; with
+    ``plugins``, after SGLang's plugin loader, as every SGLang server process starts."""
     version = json.loads((tree / "overlay.json").read_text())["base_version"]
     need_deps(version)
     pp = [str(tree), *map(str, base_deps(version)), *stand_ins(work, fake_cuda=fake_cuda),
@@ -168,7 +174,7 @@ def run_python(tree: Path, work: Path, code: str, *args: str, fake_cuda: bool = 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pp if p), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "PYTHONWARNINGS": "ignore"}
     script = work / "script.py"
-    script.write_text(code)
+    script.write_text((LOAD_PLUGINS if plugins else "") + code)
     return subprocess.run([sys.executable, str(script), *args], cwd=work, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -289,9 +295,38 @@ print("RESULT" + json.dumps({
 }))
 '''
 
+# After SGLang's plugin loader ran (run_python's preamble, as in every SGLang server process): each hook of the
+# overlay's table is SGLang's HookRegistry wrapper around the base's own definition, calling our implementation.
+PLUGIN_SCRIPT = r'''
+import importlib, importlib.metadata, json, pkgutil
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang.srt.speculative.ddtree_v2 import plugin
+
+rows = []
+for h in plugin.table()["hooks"]:
+    owner_path, attr = h["target"].rsplit(".", 1)
+    owner = pkgutil.resolve_name(owner_path)
+    current = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
+    fn = getattr(current, "__func__", current)
+    module, name = h["hook"].split(":")
+    impl = getattr(importlib.import_module(module), name)
+    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())]
+    rows.append({"target": h["target"], "type": h["type"], "applied": h["target"] in HookRegistry._patched,
+                 "wraps_base": hasattr(fn, "__wrapped__"), "calls_ours": any(c is impl for c in cells)})
+try:
+    plugin.require_applied("probe")
+    required = "ok"
+except RuntimeError as exc:
+    required = str(exc)
+eps = [{"name": ep.name, "value": ep.value, "dist": ep.dist.name if ep.dist else None}
+       for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")]
+print("RESULT" + json.dumps({"hooks": rows, "refused": {" ".join(k): v for k, v in plugin._refused.items()},
+                             "required": required, "entry_points": eps}))
+'''
+
 #: The scripts that share one subprocess per base, in order (name, code, argv). The FlashInfer one goes last: it
 #: replaces a base kernel with its torch equivalent for the rest of the process.
-CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("flashinfer", FLASHINFER_SCRIPT, ()))
+CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("plugin", PLUGIN_SCRIPT, ()), ("flashinfer", FLASHINFER_SCRIPT, ()))
 
 _BATCH = r'''
 import json, runpy, sys, traceback

@@ -94,6 +94,9 @@ class DDTreeRound:
         """None when DDTree is off; else the round state, after the worker-level start-up checks."""
         if not enabled(server_args):
             return None
+        from .plugin import require_applied
+
+        require_applied("the DFLASH worker")
         schedule = schedule_of(server_args)
         width = max_verify_width(schedule, block_size, with_chain=adapt_on(server_args))
         n = resolved(server_args).speculative_num_draft_tokens
