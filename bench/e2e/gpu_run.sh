@@ -34,6 +34,8 @@ if [ "$DRY" = 1 ]; then
 else
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/wheels/*.whl > "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 1; }
 rm -rf /tmp/overlay && mkdir -p /tmp/overlay && cp -r /tmp/site/sglang /tmp/overlay/ && cp -r "$B"/overlay/sglang/. /tmp/overlay/sglang/
+# the overlay's plugin dist-info (patch sets with hooks: SGLang's plugin loader finds its entry point on the path)
+for d in "$B"/overlay/*.dist-info; do [ -d "$d" ] && cp -r "$d" /tmp/overlay/; done
 find /tmp/overlay/sglang -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
 export PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim SGLANG_IS_FLASHINFER_AVAILABLE=false PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ldconfig -p | grep -q 'libnuma.so.1 ' || export LD_LIBRARY_PATH=$B/numa${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
