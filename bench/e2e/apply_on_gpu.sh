@@ -103,13 +103,16 @@ else:
 IGNORE=; [ "$ABI_RC" = 0 ] || IGNORE=--ignore-abi
 step 0 hosts check gpu
 step 0 snapshot gpu
-# the host alone: a torch pin sglang does not meet is a warning (naming sglang's libtorch-linked files, 0.5.19+)
-step 0 abi gpu
+# the host alone: where the bundle keeps 0.5.17's sglang-kernel 0.4.5 under a newer sglang, companion-pins is an error
+step "$ABI_RC" abi gpu
 step 0 patchset check ddtree --snapshot gpu
 [ "$ABI_RC" = 0 ] || step "$ABI_RC" apply --host gpu
 step 0 apply --host gpu $IGNORE
 step 0 probe gpu
-step 1 apply --host gpu $IGNORE --patchset "$REPO/tests/patchsets/broken-runtime/sglang-$BASE"
+# the broken fixture has no series, so its release's SGLang does not know DDTree's flags: the launch check refuses the
+# line before the switch (exit 2) and removes the pushed release; nothing is restarted (before the check: exit 1,
+# the probe failing fast and rolling back, as in sglang-0.5.17-h200-apply-transcript)
+step 2 apply --host gpu $IGNORE --patchset "$REPO/tests/patchsets/broken-runtime/sglang-$BASE"
 step 0 probe gpu
 step 0 releases gpu
 step 0 server stop gpu

@@ -597,7 +597,7 @@ def render_v2(out: dict, argv: list[str]) -> str:
         lines += ["", "## apply-transcript", "",
                   "ddtree-deploy itself, on the GPU machine as a `connection: local` host, deploying onto the real "
                   f"SGLang {base} installed there (server: the real `sglang.launch_server`, agree models, DDTree b15, "
-                  f"CUDA graphs), then a broken overlay that must be rolled back (`bash bench/e2e/apply_on_gpu.sh`; "
+                  f"CUDA graphs), then a broken overlay that must be refused before the switch or rolled back (`bash bench/e2e/apply_on_gpu.sh`; "
                   f"{t['total_seconds']} s in all). Every step exited as expected: {t['all_as_expected']}; the "
                   f"installed package byte-identical afterwards: {t['installed_package_unchanged']}.", "",
                   "| command | exit (expected) | seconds |", "|---|---|---|"]
