@@ -9,7 +9,7 @@ an anonymous memory file (``os.memfd_create``; where a host has none, a temporar
 ``zipimport`` imports the package from it through ``/proc/self/fd/N``, and ``_frame.main`` runs the op and writes
 the reply line. Nothing lands on the host's disk under a name: nothing is left behind on any exit, a kill included,
 and two ops never share a file. (zipimport compiles a module that has no bytecode twice, once for its file name
-and once to run it, CPython gh-141276: about 10 ms of host CPU for the release ops, nothing for the others.)
+and once to run it, CPython gh-141276: about 10 ms of host CPU for a release op, a few ms for the others.)
 
 The zip holds only the modules the op's module imports (its relative imports, followed; ``__init__`` and ``_frame``
 always), as the package ``ddtree_remote``. Its bytes are deterministic (sorted names, fixed timestamps and modes,
