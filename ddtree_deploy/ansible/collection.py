@@ -1,11 +1,11 @@
 """The ``ddtree.deploy`` collection, built from this package: its source tree plus the host programs.
 
-The modules run on a host's Python with the standard library and their module_utils only, so the host programs
-the CLI sends (``ddtree_deploy.remote``) travel inside the collection as ``plugins/module_utils/_programs.py``,
-written here when the collection is laid out; the repository holds no copy of them. ``host_programs`` is the one
-place that asks ``ddtree_deploy.remote`` what to ship (the boot line, the reply marker, each program), and
-``_host.py``'s ``_framed`` / ``call`` the one place on the host that runs them: a change of how the host programs are
-packed touches those two.
+The modules run on a host's Python with the standard library and their module_utils only, so what the CLI sends a
+host for each op (``ddtree_deploy.remote``'s modules, zipped by ``transport.bundle``) travels inside the collection
+as ``plugins/module_utils/_programs.py``, written here when the collection is laid out; the repository holds no copy
+of it. ``host_programs`` is the one place that asks ``transport.bundle`` what to ship (the boot line, the reply
+marker, each shipped module's zip), and ``_host.py``'s ``_framed`` / ``call`` the one place on the host that runs
+them: a change of how the remote modules are packed touches those two.
 
 ``layout(dest)`` writes an installed-form collection (``dest/ansible_collections/ddtree/deploy``), usable at once
 through ``ANSIBLE_COLLECTIONS_PATH=dest``; ``build(out)`` makes the ``ansible-galaxy collection build`` artifact;
@@ -18,7 +18,6 @@ import base64
 import hashlib
 import shutil
 import subprocess
-import zlib
 from pathlib import Path
 
 import yaml
@@ -27,7 +26,7 @@ from .. import __version__, paths
 from ..errors import InputError
 
 NAMESPACE, NAME = "ddtree", "deploy"
-#: The host programs the modules run (ddtree_deploy/remote modules).
+#: The remote modules whose ops the collection's modules run (each with what it imports: transport.bundle.needs).
 SHIPPED = ("release", "probe", "server", "facts", "manifest", "hostinfo")
 GENERATED = Path("plugins") / "module_utils" / "_programs.py"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "_programs.py", "*.tar.gz", ".pytest_cache")
@@ -46,19 +45,20 @@ def source_dir() -> Path:
 
 
 def host_programs() -> dict[str, object]:
-    """What the collection ships of ``ddtree_deploy.remote``: the boot line, the reply marker, and each program of
-    ``SHIPPED`` as the boot line reads it (zlib-compressed source)."""
-    from .. import remote
+    """What the collection ships of ``ddtree_deploy.remote``: the boot line, the reply marker, and for each module of
+    ``SHIPPED`` the compressed zip the boot line reads (``transport.bundle.program``: the bytes the CLI sends)."""
+    from ..remote import RESULT_MARKER
+    from ..transport import bundle
 
-    return {"boot": remote.BOOT, "marker": remote.RESULT_MARKER,
-            "programs": {m: zlib.compress(remote.program_for(m), 9) for m in SHIPPED}}
+    return {"boot": bundle.BOOT, "marker": RESULT_MARKER, "programs": {m: bundle.program(m) for m in SHIPPED}}
 
 
 def render_programs(shipped: dict[str, object]) -> str:
     lines = ["# -*- coding: utf-8 -*-",
              "# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)",
              f"# Written by ddtree-deploy {__version__} (ddtree_deploy.ansible.collection) from ddtree_deploy.remote when",
-             "# the collection is built: the host programs the CLI sends, packed for the modules. Do not edit.",
+             "# the collection is built: what the CLI sends a host for each op (the zip of the remote modules it",
+             "# needs, compressed), packed for the modules. Do not edit.",
              "from __future__ import absolute_import, division, print_function", "", "__metaclass__ = type", "",
              f"BOOT = {shipped['boot']!r}", f"MARKER = {shipped['marker']!r}", "PROGRAMS = {"]
     for name, blob in shipped["programs"].items():  # type: ignore[union-attr]
@@ -71,7 +71,7 @@ def render_programs(shipped: dict[str, object]) -> str:
 
 
 def layout(dest: Path, source: Path | None = None) -> Path:
-    """The collection at ``dest/ansible_collections/ddtree/deploy`` (replaced): the source tree, the host programs
+    """The collection at ``dest/ansible_collections/ddtree/deploy`` (replaced): the source tree, the remote modules
     and ``galaxy.yml``'s version set to this package's. Returns the collection directory."""
     src = source or source_dir()
     coll = dest / "ansible_collections" / NAMESPACE / NAME
@@ -100,7 +100,7 @@ def build(out: Path, work: Path | None = None) -> Path:
 
 
 def content_key(source: Path | None = None) -> str:
-    """A digest of what a laid-out collection holds (its source files and the host programs)."""
+    """A digest of what a laid-out collection holds (its source files and the remote modules' zips)."""
     src = source or source_dir()
     h = hashlib.sha256(__version__.encode())
     for path in sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts):

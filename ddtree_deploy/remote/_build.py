@@ -1,12 +1,16 @@
-# ruff: noqa: F821  (Failure, _json, _sys and the _-helpers come from _frame.py and the other parts, glued in front)
-# Part of the release program (remote/release.py includes it): building a release from the overlay a push streams
-# in (receive -> build), the base-drift check, and the staging dir. Stdlib only.
+"""Building a release from the overlay a push streams in (receive -> build), the base-drift check, and the staging
+dir: a part of the release ops (release.py). Stdlib only."""
 import errno
 import os
 import py_compile
 import shutil
 import subprocess
+import sys
 import time
+
+from ._frame import Failure, _control_lost, _fault_point, _now, _sha256_file, _write_json
+from ._lease import _fence
+from ._state import _OpLock, _disk_failure, _ensure_root, _free_mb, _journal, _load_state, _save_state
 
 
 # -- build -----------------------------------------------------------------------------------------------------------
@@ -155,12 +159,12 @@ def build(root, site_packages, package, release_id, staging, files, meta, keep=5
             except py_compile.PyCompileError as exc:
                 rel = os.path.relpath(dest, partial)
                 raise Failure("overlay file %s does not compile under %s: %s"
-                              % (rel, _sys.executable, exc.msg.strip().splitlines()[-1]), "syntax") from None
+                              % (rel, sys.executable, exc.msg.strip().splitlines()[-1]), "syntax") from None
         record = dict(meta)
         record.update({
             "id": release_id, "created": _now(), "package": package, "installed_from": installed,
             "link_mode": mode, "dist_info": dist_infos, "purged_pycache": purged,
-            "compiled_by": _sys.executable, "python": "%d.%d.%d" % _sys.version_info[:3], "base_drift": drift,
+            "compiled_by": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "base_drift": drift,
         })
         if base_hashes is not None and not allow_base_drift:  # what the switch hashes again right before it moves
             record["switch_check"] = {

@@ -1,17 +1,21 @@
-# The frame every remote program starts with: the reply protocol and small shared helpers. Stdlib only, and it
-# must run on any Python >= 3.8 a host may use for SGLang.
-import errno as _errno
-import hashlib as _hashlib
-import json as _json
-import os as _os
-import sys as _sys
-import time as _time
-import traceback as _traceback
+"""What every op on a host runs with: the reply protocol (``main``) and the small helpers the remote modules share.
 
-_MARKER = "@@DDTREE-RESULT@@"
+Stdlib only, and it must run on any Python >= 3.8 a host may use for SGLang.
+"""
+import errno
+import hashlib
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+
+#: What starts each reply line on stdout (the control side reads the JSON envelope after it: transport.base).
+RESULT_MARKER = "@@DDTREE-RESULT@@"
 # The process that started us: the host's per-connection sshd (or its shell). When it is gone, the control side's
 # connection is gone too, and a step that has not yet committed must not commit on its own (see _control_lost).
-_PPID0 = _os.getppid()
+_PPID0 = os.getppid()
 
 
 class Failure(Exception):
@@ -27,17 +31,17 @@ def server_env(root, env):
 
     Shared by the server launcher and the probe, so the probe inspects exactly what the server imports.
     """
-    full = dict(_os.environ)
+    full = dict(os.environ)
     full.update({k: str(v) for k, v in (env or {}).items()})
-    current = _os.path.join(root, "current")
+    current = os.path.join(root, "current")
     rest = full.get("PYTHONPATH", "")
-    full["PYTHONPATH"] = current + (_os.pathsep + rest if rest else "")
+    full["PYTHONPATH"] = current + (os.pathsep + rest if rest else "")
     return full
 
 
 # -- helpers shared by the remote modules (one copy each) ----------------------------------------------------------
 def _now():
-    return _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _boot_id():
@@ -49,7 +53,7 @@ def _boot_id():
 
 
 def _sha256_file(path):
-    h = _hashlib.sha256()
+    h = hashlib.sha256()
     with open(path, "rb") as fh:
         while True:
             block = fh.read(1 << 20)
@@ -62,32 +66,32 @@ def _sha256_file(path):
 def _write_atomic(path, data):
     """Write ``data`` (bytes) to ``path`` through a temporary file and a rename; on failure (a full disk) the
     temporary file is removed and the old ``path`` is left as it was."""
-    tmp = "%s.tmp-%d" % (path, _os.getpid())
+    tmp = "%s.tmp-%d" % (path, os.getpid())
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
-            _os.fsync(fh.fileno())
-        _os.replace(tmp, path)
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     except BaseException:
         try:
-            _os.unlink(tmp)
+            os.unlink(tmp)
         except OSError:
             pass
         raise
 
 
 def _write_json(path, data, indent=None):
-    """``data`` as JSON (keys sorted, a final newline) through ``_write_atomic``: how every remote program writes
+    """``data`` as JSON (keys sorted, a final newline) through ``_write_atomic``: how every remote module writes
     a JSON file (state, lock, release record, pid file, baseline, caches)."""
-    _write_atomic(path, (_json.dumps(data, indent=indent, sort_keys=True) + "\n").encode())
+    _write_atomic(path, (json.dumps(data, indent=indent, sort_keys=True) + "\n").encode())
 
 
 def _read_json(path):
     """A JSON file's content, or None when it is missing or unreadable (a cache: its absence only costs time)."""
     try:
         with open(path) as fh:
-            return _json.load(fh)
+            return json.load(fh)
     except (OSError, ValueError):
         return None
 
@@ -96,8 +100,8 @@ def _write_cache(path, data):
     """Write a cache file (compact JSON, atomic); a cache we cannot write is only slower next time, never a
     failure: returns whether it was written."""
     try:
-        _os.makedirs(_os.path.dirname(path), exist_ok=True)
-        _write_atomic(path, _json.dumps(data, separators=(",", ":")).encode())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_atomic(path, json.dumps(data, separators=(",", ":")).encode())
         return True
     except OSError:
         return False
@@ -142,14 +146,14 @@ def _port_listener(port):
                 inodes.add("socket:[%s]" % f[9])
     if not inodes:
         return None
-    for pid in (p for p in _os.listdir("/proc") if p.isdigit()):
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
-            fds = _os.listdir("/proc/%s/fd" % pid)
+            fds = os.listdir("/proc/%s/fd" % pid)
         except OSError:
             continue
         for fd in fds:
             try:
-                if _os.readlink("/proc/%s/fd/%s" % (pid, fd)) in inodes:
+                if os.readlink("/proc/%s/fd/%s" % (pid, fd)) in inodes:
                     with open("/proc/%s/cmdline" % pid, "rb") as fh:
                         cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
                     return {"pid": int(pid), "cmdline": cmd[:300]}
@@ -160,33 +164,33 @@ def _port_listener(port):
 
 def _control_lost():
     """The control side's SSH session is gone (our parent changed: sshd died and we were re-parented)."""
-    return _os.getppid() != _PPID0
+    return os.getppid() != _PPID0
 
 
 def _fault_point(root, name):
     """Fault-injection hook for the fault suite (bench/faults.py): when ``<root>/.fault-points`` lists ``name``,
     write ``<root>/.fault-reached`` and wait (at most 60 s) until the suite removes it. One stat otherwise."""
-    ctl = _os.path.join(root, ".fault-points")
-    if not _os.path.exists(ctl):
+    ctl = os.path.join(root, ".fault-points")
+    if not os.path.exists(ctl):
         return
     try:
         with open(ctl) as fh:
-            points = _json.load(fh)
+            points = json.load(fh)
     except (OSError, ValueError):
         return
     if name not in points:
         return
-    reached = _os.path.join(root, ".fault-reached")
+    reached = os.path.join(root, ".fault-reached")
     with open(reached, "w") as fh:
         fh.write(name)
-    deadline = _time.time() + 60
-    while _os.path.exists(reached) and _time.time() < deadline:
-        _time.sleep(0.01)
+    deadline = time.time() + 60
+    while os.path.exists(reached) and time.time() < deadline:
+        time.sleep(0.01)
 
 
 def _disk_message(exc):
     where = getattr(exc, "filename", None) or "the host"
-    if exc.errno == _errno.EDQUOT:
+    if exc.errno == errno.EDQUOT:
         return "disk quota exceeded writing %s" % where
     return "no space left on the device holding %s" % where
 
@@ -194,26 +198,37 @@ def _disk_message(exc):
 def _emit(reply):
     """One reply line (a session op sends several: see transport.RemoteSession); a closed pipe is ignored."""
     try:
-        _sys.stdout.write("\n" + _MARKER + _json.dumps(reply) + "\n")
-        _sys.stdout.flush()
+        sys.stdout.write("\n" + RESULT_MARKER + json.dumps(reply) + "\n")
+        sys.stdout.flush()
     except (OSError, ValueError):
         pass
 
 
-def _ddtree_main(ops):
-    request = _json.loads(_PAYLOAD.decode())  # noqa: F821  (_PAYLOAD is injected by the boot line)
-    op = request["op"]
+def main(payload):
+    """Run one request (``{module, op, args}`` as JSON bytes, read from fd 0 by the boot line) and emit its reply:
+    ``{ok, result}``, or ``{ok: false, error, kind}`` for a Failure (its kind), a full disk ("disk") or anything
+    else ("crash", with the traceback). The op's module is imported here, so an import that fails is a reply too."""
     try:
+        request = json.loads(payload.decode())
+        module, op = request["module"], request["op"]
+        if module.startswith("_") or "." in module:
+            raise Failure("no remote module %r" % module, "usage")
+        try:
+            ops = importlib.import_module("." + module, __package__).OPS
+        except ModuleNotFoundError as exc:
+            if exc.name != "%s.%s" % (__package__, module):
+                raise  # something the module imports is missing on this host: a crash, with its traceback
+            raise Failure("no remote module %r" % module, "usage") from None
         if op not in ops:
             raise Failure("unknown op %r (have: %s)" % (op, ", ".join(sorted(ops))), "usage")
         reply = {"ok": True, "result": ops[op](**request["args"])}
     except Failure as exc:
         reply = {"ok": False, "error": str(exc), "kind": exc.kind}
     except OSError as exc:
-        if exc.errno in (_errno.ENOSPC, _errno.EDQUOT):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             reply = {"ok": False, "error": _disk_message(exc), "kind": "disk"}
         else:
-            reply = {"ok": False, "error": _traceback.format_exc(), "kind": "crash"}
+            reply = {"ok": False, "error": traceback.format_exc(), "kind": "crash"}
     except Exception:
-        reply = {"ok": False, "error": _traceback.format_exc(), "kind": "crash"}
+        reply = {"ok": False, "error": traceback.format_exc(), "kind": "crash"}
     _emit(reply)

@@ -1,12 +1,19 @@
-# ruff: noqa: F821  (Failure, _json, _sys, _MODULES and the _-helpers come from _frame.py, glued in front of this program)
-# Part of the release program (remote/release.py includes it): the per-host lock, held by a guardian process for
-# the run that took it (`hold`), the fence every step of a run passes, and settling a run that stopped early (the
-# one rollback: _roll_back_steps). See docs/design.md, "The deploy transaction". Stdlib only.
+"""The per-host lock, held by a guardian process for the run that took it (`hold`), the fence every step of a run
+passes, and settling a run that stopped early (the one rollback: _roll_back_steps). A part of the release ops
+(release.py); see docs/design.md, "The deploy transaction". Stdlib only."""
+import json
 import os
 import select
 import shutil
 import signal
 import time
+
+from . import probe as _probe
+from . import server as _server
+from ._frame import (_PPID0, Failure, _boot_id, _control_lost, _emit, _fault_point, _now, _proc_alive,
+                     _proc_start_ticks, _write_json)
+from ._state import (_OpLock, _disk_failure, _ensure_root, _flip, _has_baseline, _journal, _journal_quietly,
+                     _load_state, _release, _save_state, _set_status)
 
 
 # -- the lock ------------------------------------------------------------------------------------------------------------
@@ -17,7 +24,7 @@ def _lock_path(root):
 def _read_lock(root):
     try:
         with open(_lock_path(root)) as fh:
-            return _json.load(fh)
+            return json.load(fh)
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -51,7 +58,7 @@ def _take_lock(root, owner, break_lock):
     record = dict(owner)
     record.update({"taken": _now(), "host_boot_id": _boot_id(), "holder_pid": os.getpid(),
                    "holder_ticks": _proc_start_ticks(os.getpid()), "host_conn_pid": _PPID0})
-    data = (_json.dumps(record, sort_keys=True) + "\n").encode()
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
     tmp = "%s.%d.%s" % (path, os.getpid(), owner.get("run_id", ""))
     try:
         # write the record under a private name, then hard-link it to `lock`: link() fails if `lock` exists, so
@@ -133,8 +140,9 @@ def _fence(root, fence):
     return rec
 
 
-def _read_commands(lease_timeout):
-    """Lines from the control side on fd 0 until "release", the end of input, a lost sshd or a missed heartbeat.
+def _read_commands(lease_timeout, fd=0):
+    """Lines from the control side on ``fd`` (our stdin, after the request the boot line read) until "release", the
+    end of input, a lost sshd or a missed heartbeat.
     Returns (None, False) for "release", else (why the control side is gone, whether it said so itself: an
     "abandon" from a tool that is alive and reports the settlement)."""
     buf = b""
@@ -142,9 +150,9 @@ def _read_commands(lease_timeout):
     while True:
         if _control_lost():
             return "the control side's SSH session ended (connection cut)", False
-        ready, _, _ = select.select([0], [], [], 0.5)
+        ready, _, _ = select.select([fd], [], [], min(0.5, lease_timeout))
         if ready:
-            chunk = os.read(0, 4096)
+            chunk = os.read(fd, 4096)
             if not chunk:
                 return "the control side's connection closed (end of input)", False
             buf += chunk
@@ -198,7 +206,7 @@ def _untold_settlement(root, rid):
         return None
     for line in reversed(lines):
         try:
-            entry = _json.loads(line)
+            entry = json.loads(line)
         except ValueError:
             continue
         if entry.get("event") == "told":

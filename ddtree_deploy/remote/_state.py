@@ -1,10 +1,13 @@
-# ruff: noqa: F821  (Failure, _json, _sys, _MODULES and the _-helpers come from _frame.py, glued in front of this program)
-# Part of the release program (remote/release.py includes it): the release root's state.json, journal, the
-# `current` link and the step lock (.oplock). Stdlib only.
+"""The release root's state.json, journal, the `current` link and the step lock (.oplock): the part of the release
+ops (release.py) every other part stands on. Stdlib only."""
 import errno
 import fcntl
+import json
 import os
 import socket
+
+from . import server as _server
+from ._frame import Failure, _now, _write_json
 
 STATE_VERSION = 1
 #: Space held back (<root>/.reserve) for the writes a rollback needs once the disk filled after a switch.
@@ -16,7 +19,7 @@ def _load_state(root):
     path = os.path.join(root, "state.json")
     try:
         with open(path) as fh:
-            state = _json.load(fh)
+            state = json.load(fh)
     except FileNotFoundError:
         state = {}
     except ValueError as exc:
@@ -40,7 +43,7 @@ def _save_state(root, state):
 def _journal(root, event, **fields):
     entry = {"time": _now(), "event": event, "host": socket.gethostname()}
     entry.update(fields)
-    _with_reserve(root, _append_line, os.path.join(root, "journal.log"), _json.dumps(entry, sort_keys=True) + "\n")
+    _with_reserve(root, _append_line, os.path.join(root, "journal.log"), json.dumps(entry, sort_keys=True) + "\n")
 
 
 def _append_line(path, line):

@@ -1,6 +1,5 @@
-# ruff: noqa: F821  (Failure and the _-helpers come from _frame.py, glued in front of this program)
 # Host facts, gathered on the host by its own Python (stdlib only, Python >= 3.8). The package manifest is
-# remote/manifest.py (which loads this module for the facts of its `snapshot` op).
+# remote/manifest.py (which imports this module for the facts of its `snapshot` op).
 #
 # ops:
 #   facts(site_packages, package, release_root, torch_timeout, refresh)
@@ -19,6 +18,8 @@ import subprocess
 import sys
 import sysconfig
 import time
+
+from ._frame import Failure, _read_json, _stat_key, _write_cache
 
 TRACKED_DISTS = ("sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer", "flashinfer-cubin",
                  "triton", "transformers", "torch")
@@ -82,7 +83,7 @@ def _glibc():
 def _requirement_name(line):
     """The distribution a Requires-Dist value is about (PEP 508's name, its first token). The rest of the line
     (extras, specifier, markers) is read on the control side with packaging.requirements, which a host's Python
-    may not have: this program is stdlib only."""
+    may not have: this module is stdlib only."""
     m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line)
     return _norm(m.group(1)) if m else None
 

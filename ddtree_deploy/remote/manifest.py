@@ -1,5 +1,3 @@
-# ruff: noqa: F821  (Failure, _MODULES and the _-helpers come from _frame.py, glued in front of this program)
-# requires: facts
 # The installed package's manifest, read on the host by its own Python (stdlib only, Python >= 3.8).
 #
 # ops:
@@ -17,7 +15,9 @@ import shutil
 import stat
 import time
 
-_facts = _MODULES["facts"]
+from . import facts as _facts
+from ._frame import Failure, _read_json, _sha256_file, _stat_key, _write_cache
+
 _CACHE_NAME = ".manifest-cache.json"
 
 

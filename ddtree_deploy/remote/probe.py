@@ -1,18 +1,21 @@
-# ruff: noqa: F821  (Failure, _json and _sys come from _frame.py, which is glued in front of this program)
 # Probe stages that must run on the host: what the server's Python imports, the kernel self-test on the host
 # GPU, start-up watching (pid + log + /health polled every ~100 ms in ONE call, so a dead server is seen at
 # once and not after an SSH round trip per poll), and the fixed generation prompts. Stdlib only (so its poll loops
 # are written out here rather than with tenacity, which a host's Python does not have). The control side shows
 # these waits (elapsed time, the server log's last line) by reading the log over a second channel meanwhile.
+import json
 import os
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 
 from urllib import request as _request
 from urllib.error import HTTPError as _HTTPError
+
+from ._frame import Failure, _port_listener, _proc_alive, _write_json, server_env
 
 TRACEBACK = b"Traceback (most recent call last)"
 
@@ -55,7 +58,7 @@ print("@@PROBE@@" + json.dumps(out))
 def _run_inspect(root, env, runtime_subdir, load, mode, timeout, expect="/", device="cuda"):
     t0 = time.time()
     try:
-        proc = subprocess.run([_sys.executable, "-c", _INSPECT, runtime_subdir, "1" if load else "0", mode, expect, device],
+        proc = subprocess.run([sys.executable, "-c", _INSPECT, runtime_subdir, "1" if load else "0", mode, expect, device],
                               env=server_env(root, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                               cwd=root if os.path.isdir(root) else "/")
     except subprocess.TimeoutExpired:
@@ -64,7 +67,7 @@ def _run_inspect(root, env, runtime_subdir, load, mode, timeout, expect="/", dev
     if "@@PROBE@@" not in text:
         raise Failure("the server's Python failed the %s check (exit %d): %s"
                       % (mode, proc.returncode, proc.stderr.decode("utf-8", "replace")[-2000:]), "crash")
-    out = _json.loads(text.rsplit("@@PROBE@@", 1)[1].strip().splitlines()[0])
+    out = json.loads(text.rsplit("@@PROBE@@", 1)[1].strip().splitlines()[0])
     out["seconds"] = round(time.time() - t0, 3)
     return out
 
@@ -101,7 +104,7 @@ def selftest(root, env, runtime_subdir, budget=120.0, device="cuda"):
 def _pid_alive_file(pid_file):
     try:
         with open(pid_file) as fh:
-            record = _json.load(fh)
+            record = json.load(fh)
     except (OSError, ValueError):
         return False, None
     pid = record.get("pid")
@@ -286,7 +289,7 @@ def server_info(url, timeout=5.0):
     except Exception as exc:
         return {"status": None, "error": str(exc)}
     try:
-        return {"status": code, "info": _json.loads(body.decode("utf-8", "replace"))}
+        return {"status": code, "info": json.loads(body.decode("utf-8", "replace"))}
     except ValueError:
         return {"status": code, "info": None}
 
@@ -306,7 +309,7 @@ def _generate(url, prompts, max_new_tokens, budget):
     results = []
     deadline = time.time() + timeout
     for prompt in prompts:
-        body = _json.dumps({"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)}}).encode()
+        body = json.dumps({"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)}}).encode()
         t0 = time.time()
         remaining = deadline - t0
         if remaining <= 0:
@@ -318,7 +321,7 @@ def _generate(url, prompts, max_new_tokens, budget):
         if code != 200:
             raise Failure("POST /generate for prompt %r answered HTTP %d: %s" % (prompt, code, raw[:500].decode("utf-8", "replace")), "http")
         try:
-            reply = _json.loads(raw.decode("utf-8", "replace"))
+            reply = json.loads(raw.decode("utf-8", "replace"))
         except ValueError:
             raise Failure("POST /generate for prompt %r returned non-JSON: %r" % (prompt, raw[:200]), "http") from None
         meta = reply.get("meta_info") or {}
@@ -350,12 +353,12 @@ def workload(url, prompts, max_new_tokens, concurrency=1, budget=300.0, temperat
                     return
                 i = nxt[0]
                 nxt[0] += 1
-            body = _json.dumps({"text": jobs[i], "sampling_params": {
+            body = json.dumps({"text": jobs[i], "sampling_params": {
                 "temperature": float(temperature), "max_new_tokens": int(max_new_tokens), "ignore_eos": True}}).encode()
             t0 = time.time()
             try:
                 code, raw = _http(url.rstrip("/") + "/generate", max(1.0, deadline - t0), data=body)
-                reply = _json.loads(raw.decode("utf-8", "replace")) if code == 200 else None
+                reply = json.loads(raw.decode("utf-8", "replace")) if code == 200 else None
             except Exception as exc:
                 code, reply, raw = None, None, str(getattr(exc, "reason", exc)).encode()
             if reply is None:
@@ -386,7 +389,7 @@ def workload(url, prompts, max_new_tokens, concurrency=1, budget=300.0, temperat
 def read_json(path):
     try:
         with open(path) as fh:
-            return _json.load(fh)
+            return json.load(fh)
     except FileNotFoundError:
         return None
 

@@ -1,38 +1,41 @@
-# ruff: noqa: F821  (Failure, _json, _sys, _MODULES and the _-helpers come from _frame.py, glued in front of this program)
-# requires: server probe
-# includes: _state _lease _build
-# Release operations on the host: build a release from a staged overlay, switch `current`, keep state, and hold the
-# per-host lock through a guardian process that rolls the host back on its own when the control side goes away.
-# Stdlib only; runs under the host's own Python (the one SGLang runs under), so byte-compiling here uses the exact
-# interpreter and magic number the server will use.
-#
-# Layout under the release root:
-#   releases/<id>/sglang/...        hard-link copy of the installed package, overlay files written by REPLACING links
-#   releases/<id>/sglang-*.dist-info hard-link copy, so importlib.metadata still answers from the release
-#   releases/<id>/RELEASE.json      patch set, versions, base snapshot, overlay hashes
-#   base/                           empty directory: what `current` points at when no overlay is active
-#   current -> releases/<id> | base switched atomically (symlink to a temp name, then rename over `current`)
-#   state.json                      releases, active, previous_good, bad, pending (rewritten atomically)
-#   journal.log                     append-only, one JSON object per line
-#   lock                            who holds the per-host lock: a record naming the run and its holder process
-#   .oplock                         flock serialising the steps that change the host (and the guardian's rollback)
-#   staging/<run>/                  where the overlay tar stream lands before `build`
-#
-# Its parts: _state.py (state.json, journal, `current`, the step lock), _lease.py (the lock, its guardian, the
-# fence, settling a run that stopped early) and _build.py (receive + build a release, base drift) are glued into
-# this program (`# includes:` above).
-#
-# The transaction (docs/design.md, "The deploy transaction"): `pending` in state.json is written BEFORE `current`
-# moves to a release that has not passed its probe, and names the release to go back to ("safe"). It is cleared only
-# by the verdict (finish) or by a rollback that reached the safe release. The lock's holder process (`hold`, one per
-# run, on the run's own SSH connection) sees the control side vanish (end of input, its sshd gone, or no heartbeat)
-# and then settles any pending switch itself: back to the safe release, server restarted on it, lock released.
-# Every step of a run passes `fence=<run id>` and is refused once that run no longer holds a live lock.
+"""Release operations on the host: build a release from a staged overlay, switch `current`, keep state, and hold the
+per-host lock through a guardian process that rolls the host back on its own when the control side goes away.
+Stdlib only; runs under the host's own Python (the one SGLang runs under), so byte-compiling here uses the exact
+interpreter and magic number the server will use.
+
+Layout under the release root:
+  releases/<id>/sglang/...        hard-link copy of the installed package, overlay files written by REPLACING links
+  releases/<id>/sglang-*.dist-info hard-link copy, so importlib.metadata still answers from the release
+  releases/<id>/RELEASE.json      patch set, versions, base snapshot, overlay hashes
+  base/                           empty directory: what `current` points at when no overlay is active
+  current -> releases/<id> | base switched atomically (symlink to a temp name, then rename over `current`)
+  state.json                      releases, active, previous_good, bad, pending (rewritten atomically)
+  journal.log                     append-only, one JSON object per line
+  lock                            who holds the per-host lock: a record naming the run and its holder process
+  .oplock                         flock serialising the steps that change the host (and the guardian's rollback)
+  staging/<run>/                  where the overlay tar stream lands before `build`
+
+Its parts are modules of their own, imported here: _state.py (state.json, journal, `current`, the step lock),
+_lease.py (the lock, its guardian, the fence, settling a run that stopped early) and _build.py (receive + build a
+release, base drift); their ops (hold, receive, discard_staging) are in OPS below.
+
+The transaction (docs/design.md, "The deploy transaction"): `pending` in state.json is written BEFORE `current`
+moves to a release that has not passed its probe, and names the release to go back to ("safe"). It is cleared only
+by the verdict (finish) or by a rollback that reached the safe release. The lock's holder process (`hold`, one per
+run, on the run's own SSH connection) sees the control side vanish (end of input, its sshd gone, or no heartbeat)
+and then settles any pending switch itself: back to the safe release, server restarted on it, lock released.
+Every step of a run passes `fence=<run id>` and is refused once that run no longer holds a live lock.
+"""
+import json
 import os
 import shutil
 
-_server = _MODULES["server"]
-_probe = _MODULES["probe"]
+from . import server as _server
+from ._build import base_drift, discard_staging, receive
+from ._frame import Failure, _boot_id, _fault_point, _now, _write_json
+from ._lease import _fence, _lock_path, _lock_state, _read_lock, _roll_back_steps, _settle, hold
+from ._state import (_current_target, _disk_failure, _ensure_reserve, _ensure_root, _flip, _journal, _journal_quietly,
+                     _load_state, _OpLock, _release, _save_state, _set_status)
 
 
 # -- switch, mark, state -------------------------------------------------------------------------------------------------
@@ -86,7 +89,7 @@ def _recheck_base(root, state, release_id, run_id):
     (a hotfix landing while it ran) stops the switch, names the file, and removes the release, which would hide it."""
     try:
         with open(os.path.join(root, "releases", release_id, "RELEASE.json")) as fh:
-            check = _json.load(fh).get("switch_check")
+            check = json.load(fh).get("switch_check")
     except (OSError, ValueError):
         check = None
     if not check:
@@ -195,7 +198,7 @@ def show(root, journal_lines=0):
     if journal_lines:
         try:
             with open(os.path.join(root, "journal.log")) as fh:
-                lines = [_json.loads(ln) for ln in fh.read().splitlines()[-journal_lines:] if ln.strip()]
+                lines = [json.loads(ln) for ln in fh.read().splitlines()[-journal_lines:] if ln.strip()]
         except OSError:
             lines = []
     return {"root": root, "state": state, "current": _current_target(root), "lock": lock_info,

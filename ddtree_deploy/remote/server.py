@@ -1,4 +1,3 @@
-# ruff: noqa: F821  (Failure, _json, _sys and the _-helpers come from _frame.py, which is glued in front of this program)
 # Server lifecycle on the host: a managed process (setsid, pid file, log under the release root) or a systemd
 # unit with a drop-in. Stdlib only. The pid file records the process start time too, so a recycled pid is never
 # mistaken for our server and never signalled.
@@ -11,6 +10,9 @@ import shlex
 import signal
 import subprocess
 import time
+
+from ._frame import (Failure, _now, _port_listener, _proc_alive, _proc_start_ticks, _read_json, _write_atomic,
+                     _write_json, server_env)
 
 
 def _paths(root):

@@ -10,9 +10,9 @@ imports an implementation.
 
 Every connection offers the same four primitives the rest of the tool is built on: ``run`` (a shell command,
 optionally fed bytes on its stdin, never ours), ``send_stream`` / ``stream_out`` (binary tar streams in either
-direction) and ``call`` (one round trip to the stdlib-only helper programs in ``ddtree_deploy.remote``). A
-transport whose ``holds_session`` is true also offers ``session`` (below). tests/test_transport_contract.py checks
-all of it against every registered transport.
+direction) and ``call`` (one round trip to an op of the stdlib-only package ``ddtree_deploy.remote``, shipped as a
+zip by ``bundle``). A transport whose ``holds_session`` is true also offers ``session`` (below).
+tests/test_transport_contract.py checks all of it against every registered transport.
 
 What a host sends back is bounded on this side whatever the host does: a command's stdout is kept up to
 ``STDOUT_MAX`` bytes (past that the command is stopped and the run is an error of kind ``output``), its stderr to
@@ -23,9 +23,9 @@ The session channel (``HostConnection.session``; what the host lock's guardian i
 -------------------------------------------------------------------------------------------------------------
 A long-lived helper process on a channel of its own, carrying three things:
 
-* in (control side -> host), on the process's stdin: first the framed request (``remote.framed_request``: module,
-  op and arguments, the same ``remote.BOOT`` framing as ``call``), then command lines, one per ``\n`` (the lock
-  sends ``hb`` heartbeats and its closing commands);
+* in (control side -> host), on the process's stdin: first the framed request (``bundle.framed_request``: the
+  module's zip, then module, op and arguments, the same ``bundle.BOOT`` framing as ``call``), then command lines, one
+  per ``\n`` (the lock sends ``hb`` heartbeats and its closing commands);
 * out (host -> control side), on its stdout: reply lines, each ``RESULT_MARKER`` + one JSON envelope + ``\n``
   (``RemoteSession.reply``; anything before a marker is ignored), and on its stderr what the program says when it
   fails (quoted in the error when the session ends without an answer);
@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..errors import RemoteError, TransportError
-from ..remote import BOOT, RESULT_MARKER, framed_request
+from ..remote import RESULT_MARKER
+from .bundle import BOOT, framed_request
 
 if TYPE_CHECKING:  # the inventory reads the registry (connection kinds), so it is not imported here at run time
     from ..inventory import Host

@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright (c) ddtree-deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The host side of the ddtree.deploy modules: the package's own host programs (``ddtree_deploy/remote``, packed
-into ``_programs.py`` when the collection is built) run as subprocesses of the host's Python exactly as the CLI's
-transport runs them (the same boot line, the same framing, the same reply lines), and the deploy transaction driven
+"""The host side of the ddtree.deploy modules: the package's own remote ops (``ddtree_deploy/remote``, each module's
+zip packed into ``_programs.py`` when the collection is built) run as subprocesses of the host's Python exactly as the
+CLI's transport runs them (the same boot line, the same framing, the same reply lines), and the deploy transaction driven
 from here, in the one host process of the module, holding the host lock through the same guardian (``release.hold``).
 
 Why this keeps the CLI's guarantee (docs/design.md, "Fleets on Ansible"): the guardian is a child of the module
@@ -47,9 +47,9 @@ class HostFailure(Exception):
 
 # -- running a host program ----------------------------------------------------------------------------------------------
 def _framed(module, op, args):
-    """What the boot line reads: the compressed program and the request, each preceded by its length (8 bytes)."""
+    """What the boot line reads: the module's compressed zip and the request, each preceded by its length (8 bytes)."""
     program = base64.b64decode(PROGRAMS[module])
-    payload = json.dumps({"op": op, "args": args}).encode()
+    payload = json.dumps({"module": module, "op": op, "args": args}).encode()
     return (len(program).to_bytes(8, "big") + program + len(payload).to_bytes(8, "big") + payload)
 
 
