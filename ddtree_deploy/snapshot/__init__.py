@@ -1,8 +1,9 @@
 """Content-addressed snapshots of the SGLang installed on a host: exact bytes, a hash manifest and the host's facts.
 
-The store's files and their format (format 1: ``store.json``, ``objects/<sha256>`` blobs shared by every host,
-``<host>/<id>/`` entries of snapshot metadata, facts and manifest) belong to ``store``, the one module that knows
-them; older stores are upgraded there the first time they are written, and a store of a newer format is refused.
+The store's files and their numbered format (``FORMAT``: blobs named by their sha256 and shared by every host, one
+entry per snapshot with its metadata, facts and manifest) belong to ``store``, the one module that knows them and
+draws the layout; older stores are upgraded there the first time they are written, and a store of a newer format is
+refused.
 
 Paths in a manifest are relative to site-packages (``sglang/srt/server_args.py``) and cover the package and its
 dist-info directory (``__pycache__`` is left out: it is derived, host-specific and rebuilt by every release).

@@ -4,11 +4,12 @@ FlashInfer (wired, refused by default as not proven on a GPU here) plans TARGET_
 `DFlashVerifyInput.generate_attn_arg_prefill`: query offsets of width N1, KV indices of each request's context
 plus its N1 verify slots, and the flat custom mask, which for FlashInfer must mark the context columns visible
 (`prefix_cols=True`). The triton backend's layout (tree block only) is covered by tests/runtime/test_mask.py and
-was proven on the H200.
+was proven on the H200. Each base's classes and the worker's start-up check are held against the backends table
+(patches/ddtree/spec-v2/backends.py).
 """
 from __future__ import annotations
 
-from v2_helpers import TRAITS, script_result
+from v2_helpers import BACKENDS_TABLE, TRAITS, script_result
 
 
 
@@ -28,3 +29,29 @@ def test_flashinfer_verify_metadata_and_mask(v2_base: str, v2_scripts: dict):
     assert got["kv_indices"] == got["expect_kv"], "each request's context slots, then its N1 verify slots"
     assert got["mask_numel"] == n1 * (sum(prefix) + 3 * n1)
     assert all(r["context_visible"] and r["tree_equal"] for r in got["rows"]), got["rows"]
+
+
+def test_backends_table_against_the_base(v2_base: str, v2_probe: dict):
+    """Every row of patches/ddtree/spec-v2/backends.py names an ``--attention-backend`` value the base accepts and a
+    class it has; the worker's start-up check (``DDTreeRound.check_target``, on the class a hybrid wrapper holds)
+    lets the proven backend run with its mask layout, the wired-unproven one only behind the flag (with the context
+    columns written), and refuses the rest with the reason."""
+    assert BACKENDS_TABLE.BACKENDS, "the table has rows"
+    for name, seen in v2_probe["backends"].items():
+        assert seen == {"choice": True, "class": True}, (name, seen)
+    checks = v2_probe["check_target"]
+    for name, row in BACKENDS_TABLE.BACKENDS.items():
+        default, allowed = checks[f"{row.cls}/default"], checks[f"{row.cls}/allow"]
+        if row.status == BACKENDS_TABLE.PROVEN:
+            assert default == allowed == {"ok": True, "name": name, "prefix_cols": row.reads_context_columns}
+        elif row.status == BACKENDS_TABLE.WIRED_UNPROVEN:
+            assert not default["ok"] and "is not proven with the " + name in default["msg"], default
+            assert row.reason in default["msg"] and "--speculative-ddtree-allow-unproven" in default["msg"]
+            assert allowed == {"ok": True, "name": name, "prefix_cols": row.reads_context_columns}
+        else:
+            for got in (default, allowed):
+                assert not got["ok"] and "does not support the " + name in got["msg"], got
+                assert row.reason in got["msg"] and "use --attention-backend triton" in got["msg"], got
+    for kind in ("default", "allow"):  # a class the table does not know
+        got = checks[f"TorchNativeAttnBackend/{kind}"]
+        assert not got["ok"] and "attention backend TorchNativeAttnBackend (DDTree needs a tree mask" in got["msg"]

@@ -23,18 +23,20 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "sglang_v1"))
 from sglang_series_helpers import write_torchvision_stub  # noqa: E402
 
-def _bases_table():
-    """patches/ddtree/spec-v2/bases.py, the one table of the spec-v2 bases (pure data: loaded by path)."""
+def _table(name: str):
+    """patches/ddtree/spec-v2/<name>.py, one of the spec-v2 tables (pure data: loaded by path)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ddtree_v2_bases", REPO / "patches/ddtree/spec-v2/bases.py")
+    spec = importlib.util.spec_from_file_location(f"ddtree_v2_{name}", REPO / f"patches/ddtree/spec-v2/{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-BASES_TABLE = _bases_table()
+BASES_TABLE = _table("bases")
+#: The target attention backends DDTree knows (backends.py: status, mask layout, reasons, page sizes).
+BACKENDS_TABLE = _table("backends")
 #: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/, one row in bases.py).
 BASES = tuple(BASES_TABLE.BASES)
 #: Where the bases' series differ (bases.py's ``Base`` says what each field means).
@@ -247,6 +249,33 @@ out["mask"]["other_backend_in_buffer"] = (
 w = bare_worker(server_args=types.SimpleNamespace(tp_size=2))
 with_ps = bare_worker(ps=types.SimpleNamespace(tp_size=4), server_args=types.SimpleNamespace(tp_size=1))
 out["tp"] = [ddround.tp_size(w), ddround.tp_size(with_ps)]
+
+# The backends table (ddtree_v2/backends.py) against this base: the --attention-backend values it accepts, the
+# classes it has, and what the worker's start-up check makes of each class (it reads the class name only).
+import pathlib, re
+from sglang.srt import server_args as S
+from sglang.srt.speculative.ddtree_v2 import backends as ddbackends
+
+attn = pathlib.Path(importlib.import_module("sglang.srt.layers.attention").__path__[0])
+classes = set(re.findall(r"^class (\w+)\(", "\n".join(f.read_text() for f in attn.rglob("*.py")), re.M))
+out["backends"] = {name: {"choice": name in S.ATTENTION_BACKEND_CHOICES, "class": row.cls in classes}
+                   for name, row in ddbackends.BACKENDS.items()}
+
+
+def target_check(cls_name, allow):
+    rnd = object.__new__(ddround.DDTreeRound)
+    rnd.allow_unproven = allow
+    wrapper = types.SimpleNamespace(full_attn_backend=type(cls_name, (), {})())  # as a hybrid wrapper holds it
+    try:
+        rnd.check_target(types.SimpleNamespace(attn_backend=wrapper, sliding_window_size=None), is_hybrid=False)
+        return {"ok": True, "name": rnd.backend_name, "prefix_cols": rnd.prefix_cols}
+    except ValueError as e:
+        return {"ok": False, "msg": str(e)}
+
+
+out["check_target"] = {f"{c}/{'allow' if a else 'default'}": target_check(c, a)
+                       for c in [r.cls for r in ddbackends.BACKENDS.values()] + ["TorchNativeAttnBackend"]
+                       for a in (False, True)}
 print("RESULT" + json.dumps(out))
 '''
 

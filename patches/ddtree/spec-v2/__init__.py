@@ -4,6 +4,8 @@ Vendored into an overlay as ``sglang/srt/speculative/ddtree_v2/``; the base's ow
 (the patch series) that call into these modules:
 
 - :mod:`.bases`       one row per base: what its series does (the code and the tests read it).
+- :mod:`.backends`    one row per target attention backend: proven / wired-unproven / refused and why, the mask
+                      layout it reads, its page sizes (``config`` and ``round`` read it).
 - :mod:`.config`      the ``--speculative-ddtree-*`` flags: validation at server-argument resolution, the widths
                       (verify width = budget + 1, draft width = the drafter's block size), what is proven and what
                       is refused by default.

@@ -12,10 +12,11 @@ target-verify width hook (``spec_info.py``); on 0.5.14-0.5.16, whose draft runne
 the width from their own server-argument copy, that copy gets ``speculative_num_draft_tokens = block size``
 (:func:`draft_server_args`).
 
-Proven on a GPU here (the H200, real server): the triton attention backend with page size 1, dense targets and
-GatedDeltaNet hybrids (on by default: ``hybrid.py``), TP 1, greedy and T > 0, overlap scheduling on and off, CUDA
-graphs on and off. Everything else that is wired but not proven is refused at start-up with the reason unless
-``--speculative-ddtree-allow-unproven`` is given; what is not wired at all is refused always.
+Proven on a GPU here (the H200, real server): the attention backends the backends table (``backends.py``) marks
+proven, with page size 1, dense targets and GatedDeltaNet hybrids (on by default: ``hybrid.py``), TP 1, greedy and
+T > 0, overlap scheduling on and off, CUDA graphs on and off. Everything else that is wired but not proven is
+refused at start-up with the reason unless ``--speculative-ddtree-allow-unproven`` is given; what is not wired at
+all is refused always (for the attention backends, as their rows say).
 
 Flags that would do nothing are refused at start-up too, with the reason (:func:`check_algorithm`,
 :func:`post_resolve`): ``--speculative-ddtree-adapt``, ``--speculative-ddtree-allow-unproven`` or the internal
@@ -23,14 +24,15 @@ Flags that would do nothing are refused at start-up too, with the reason (:func:
 on the command line (the budget flag takes schedules; this one only records the resolved schedule, and resolution
 would replace it); and ``--speculative-ddtree-allow-unproven`` when the resolved arguments name nothing unproven
 (with the attention backend known at resolution, which it is on every spec-v2 base: an unset backend resolves to
-triton or is chosen before DDTree's check). It stays the gate of what is wired but unproven: FlashInfer, TP > 1,
-constrained decoding, a compact draft window.
+triton or is chosen before DDTree's check). It stays the gate of what is wired but unproven: the wired-unproven
+attention backends (``backends.py``), TP > 1, constrained decoding, a compact draft window.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, Optional
 
+from .backends import BACKENDS, PROVEN, WIRED_UNPROVEN, with_status
 from .bases import BASES, with_trait
 from .compat import resolution_write
 
@@ -40,21 +42,10 @@ logger = logging.getLogger(__name__)
 MAX_VERIFY_WIDTH = 1024
 #: The runtime builds trees up to this depth (draft block size - 1).
 MAX_DEPTH = 31
-#: Attention backends the target may use with DDTree, and whether each was proven on a GPU here.
-PROVEN_BACKENDS = ("triton",)
-WIRED_UNPROVEN_BACKENDS = {
-    "flashinfer": "FlashInfer reads the tree through spec_info.custom_mask in plan(); not run on a GPU here "
-                  "(the offline bundle ships a FlashInfer stand-in)",
-}
-#: Backends with tree masks in SGLang that DDTree does not drive yet, and why.
-UNWIRED_BACKENDS = {
-    "fa3": "FA3 verifies trees only through its topk > 1 cascade, which DDTree does not drive yet (and the offline "
-           "H200 bundle has no FA3 kernel library to prove it with)",
-}
 UNPROVEN_FLAG = "--speculative-ddtree-allow-unproven"
 #: What ``--speculative-ddtree-allow-unproven`` lets run (for the message that refuses it where it gates nothing).
-UNPROVEN_GATES = ("--attention-backend flashinfer", "--tp-size > 1", "a --grammar-backend other than none",
-                  "--speculative-draft-window-size")
+UNPROVEN_GATES = (*(f"--attention-backend {b}" for b in with_status(WIRED_UNPROVEN)), "--tp-size > 1",
+                  "a --grammar-backend other than none", "--speculative-draft-window-size")
 #: The internal flag that records the resolved schedule (0.5.17's series; absent on the other bases).
 SCHEDULE_FLAG = "--speculative-ddtree-schedule"
 
@@ -257,24 +248,28 @@ def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = Tru
                      f"i.e. block size <= {MAX_DEPTH + 1})")
     backends = {k: getattr(view, k, None) for k in ("attention_backend", "prefill_attention_backend",
                                                     "decode_attention_backend")}
+    rows = [BACKENDS[v] for v in backends.values() if v in BACKENDS]  # the backends table, backends.py
+    page_sizes = set.intersection(*(set(r.page_sizes) for r in rows)) if rows else {1}  # what they all run with
     for key, value in backends.items():
-        if value is None or value in PROVEN_BACKENDS:
+        if value is None:
             continue
         flag = "--" + key.replace("_", "-")
-        row = BASES.get(base_version())
-        if value == "flashinfer" and row is not None and not row.flashinfer:
-            never.append(f"{flag} {value} on SGLang {base_version()}: its FlashInfer verify arguments come through "
-                         "a KV-index translator and plan that DDTree's verify input is not checked against; use "
-                         "--attention-backend triton")
-        elif value in WIRED_UNPROVEN_BACKENDS:
-            unproven.append(f"{flag} {value}: {WIRED_UNPROVEN_BACKENDS[value]}")
-        elif value in UNWIRED_BACKENDS:
-            never.append(f"{flag} {value}: {UNWIRED_BACKENDS[value]}; use --attention-backend triton")
-        else:
+        row = BACKENDS.get(value)
+        base = BASES.get(base_version()) if row is not None and row.base_trait else None
+        if row is None:
             never.append(f"{flag} {value} (no tree-mask support for DDTree; use --attention-backend triton)")
-    if int(getattr(view, "page_size", None) or 1) != 1:
+        elif base is not None and not getattr(base, row.base_trait):
+            never.append(f"{flag} {value} on SGLang {base_version()}: {row.base_reason}; use --attention-backend "
+                         "triton")
+        elif row.status == PROVEN:
+            continue
+        elif row.status == WIRED_UNPROVEN:
+            unproven.append(f"{flag} {value}: {row.reason}")
+        else:
+            never.append(f"{flag} {value}: {row.reason}; use --attention-backend triton")
+    if int(getattr(view, "page_size", None) or 1) not in page_sizes:
         never.append(f"--page-size {view.page_size} (DDTree commits the accepted path by reordering the verify "
-                     "range's KV slots, which needs --page-size 1)")
+                     f"range's KV slots, which needs --page-size {' or '.join(map(str, sorted(page_sizes)))})")
     if getattr(view, "enable_deterministic_inference", False):
         never.append("--enable-deterministic-inference (its triton kernel reads the context columns of the mask, "
                      "which DDTree does not write)")

@@ -29,8 +29,8 @@ import torch
 
 from .compat import base_name, next_draft_input_decode
 from .adapt import Adaptation
-from .config import (PROVEN_BACKENDS, resolved, UNPROVEN_FLAG, UNWIRED_BACKENDS, WIRED_UNPROVEN_BACKENDS, adapt_on, enabled,
-                     max_verify_width, schedule_of)
+from .backends import BACKENDS, PROVEN, REFUSED, name_of_class
+from .config import UNPROVEN_FLAG, adapt_on, enabled, max_verify_width, resolved, schedule_of
 from .draft_schedule import ScheduledDraftHead, chain_head
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
 from .graph_widths import pad_to_captured
@@ -38,12 +38,6 @@ from .sampling import target_tokens_per_node
 from .verify_input import DDTreeVerifyInput
 
 logger = logging.getLogger(__name__)
-
-#: Attention-backend classes -> the name users pass to --attention-backend.
-BACKEND_CLASSES = {"TritonAttnBackend": "triton", "FlashInferAttnBackend": "flashinfer",
-                   "FlashAttentionBackend": "fa3"}
-#: Backends that read the context columns of the mask (so DDTree must write them as visible).
-READS_CONTEXT_COLUMNS = frozenset({"flashinfer"})
 
 
 def tp_size(worker: Any) -> int:
@@ -125,15 +119,15 @@ class DDTreeRound:
                             "--speculative-ddtree-budget)")
         backend = full_attention_backend(model_runner.attn_backend)
         cls_name = type(backend).__name__
-        name = BACKEND_CLASSES.get(cls_name)
-        if name is None:
+        name = name_of_class(cls_name)  # the backends table, backends.py
+        row = BACKENDS.get(name)
+        if row is None:
             problems.append(f"the target's attention backend {cls_name} (DDTree needs a tree mask: use "
                             "--attention-backend triton)")
-        elif name in UNWIRED_BACKENDS:
-            problems.append(f"the {name} attention backend ({UNWIRED_BACKENDS[name]}; use --attention-backend "
-                            "triton)")
-        elif name not in PROVEN_BACKENDS:
-            unproven.append(f"the {name} attention backend ({WIRED_UNPROVEN_BACKENDS[name]})")
+        elif row.status == REFUSED:
+            problems.append(f"the {name} attention backend ({row.reason}; use --attention-backend triton)")
+        elif row.status != PROVEN:
+            unproven.append(f"the {name} attention backend ({row.reason})")
         if is_hybrid:  # GatedDeltaNet hybrids run by default (SGLang 0.5.17, patch 0004); the rest refused with why
             from .hybrid import target_problems
 
@@ -150,7 +144,7 @@ class DDTreeRound:
             raise ValueError("DDTree (--speculative-ddtree-budget) is not proven with " + "; ".join(unproven)
                              + f". Pass {UNPROVEN_FLAG} to run it anyway.")
         self.backend_name = name
-        self.prefix_cols = name in READS_CONTEXT_COLUMNS
+        self.prefix_cols = row.reads_context_columns
 
     def draft_builder(self, *, lm_head: Any, vocab_size: int, max_bs: int, tp_group: Any, device: Any,
                       chain_head_cls: Any = None) -> DraftTreeBuilder | ScheduledDraftHead:
@@ -253,8 +247,9 @@ class DDTreeRound:
         buf = getattr(vm, "buffer", None) if vm is not None else None
         if buf is not None and bs <= int(vm.max_bs) and buf.numel() >= numel:
             return buf[:numel]
-        if not hasattr(backend, "verify_mask") and BACKEND_CLASSES.get(type(backend).__name__) == "triton":
-            flat = getattr(backend, "cuda_graph_custom_mask", None)
+        row = BACKENDS.get(name_of_class(type(backend).__name__))
+        if not hasattr(backend, "verify_mask") and row is not None and row.graph_mask:
+            flat = getattr(backend, row.graph_mask, None)
             if isinstance(flat, torch.Tensor) and flat.numel() >= numel:
                 return flat[:numel]
         return torch.empty((numel,), dtype=torch.uint8, device=device)

@@ -1,0 +1,82 @@
+"""The README's attention backend x page-size table says what patches/ddtree/spec-v2/backends.py says.
+
+Both tables are read as text and data (backends.py and bases.py are pure data, loaded by path), so this runs in
+``make test-fast``; what each row does on each base's real classes is tests/sglang_v2/test_v2_backends.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SECTION = "### Attention backends and page sizes"
+
+
+def _table(name: str):
+    spec = importlib.util.spec_from_file_location(f"ddtree_v2_{name}_fast", REPO / f"patches/ddtree/spec-v2/{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+backends, bases = _table("backends"), _table("bases")
+
+
+def _readme_section() -> tuple[str, dict[str, list[str]]]:
+    """The section's heading line and its table: first cell (as written) -> the other cells."""
+    text = (REPO / "README.md").read_text()
+    assert SECTION in text, f"README.md has no {SECTION!r} section"
+    body = text[text.index(SECTION):]
+    heading, body = body.split("\n", 1)
+    body = body.split("\n#", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        if not line.startswith("|") or set(line) <= set("|- "):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return heading, rows
+
+
+def _span(versions: tuple[str, ...]) -> str:
+    return versions[0] if len(versions) == 1 else f"{versions[0]}-{versions[-1]}"
+
+
+def _row(rows: dict[str, list[str]], name: str) -> list[str]:
+    hits = [cells for first, cells in rows.items() if first.split()[0] == f"`{name}`"]
+    assert len(hits) == 1, f"README's backend table needs one row for `{name}` (backends.py has it): {list(rows)}"
+    return hits[0]
+
+
+def test_readme_backend_table_matches_backends_py():
+    heading, rows = _readme_section()
+    assert rows.pop("backend") == ["page size 1", "page size > 1"], "the table's columns"
+    spec_v2 = tuple(bases.BASES)
+    assert f"(spec-v2 bases, {_span(spec_v2)})" in heading, heading
+    for name, row in backends.BACKENDS.items():
+        assert row.status in backends.STATUSES and row.mask in (backends.TREE_BLOCK, backends.FULL_ROWS), name
+        assert bool(row.reason) == (row.status != backends.PROVEN), f"{name}: a reason exactly where refused"
+        assert row.reads_context_columns == (row.mask == backends.FULL_ROWS), name
+        page1, paged = _row(rows, name)
+        if row.status == backends.PROVEN:
+            assert page1.startswith("**proven on the H200**"), (name, page1)
+        elif row.status == backends.WIRED_UNPROVEN:
+            assert "wired, **not proven**" in page1 and "--speculative-ddtree-allow-unproven" in page1, (name, page1)
+        else:
+            assert page1.startswith("refused"), (name, page1)
+        if row.base_trait:  # refused outright on the bases without the trait, which the cell names
+            without = tuple(v for v in spec_v2 if not getattr(bases.BASES[v], row.base_trait))
+            assert without and f"refused outright on {_span(without)}" in page1, (name, without, page1)
+        if row.page_sizes == (1,):
+            assert paged.startswith("refused"), (name, paged)
+        else:  # the cell names the other page sizes it runs with
+            assert not paged.startswith("refused") and all(str(n) in paged for n in row.page_sizes if n != 1), (
+                name, row.page_sizes, paged)
+    known = {f"`{n}`" for n in backends.BACKENDS}
+    others = [first for first in rows if first.split()[0] not in known]
+    assert len(others) == 1 and others[0].startswith("any other"), f"one row for the backends not in the table: {others}"
+    assert all(cell.startswith("refused") for cell in rows[others[0]]), rows[others[0]]
+    assert "`patches/ddtree/spec-v2/backends.py`" in (REPO / "README.md").read_text().split(SECTION, 1)[1][:400], (
+        "the section names the table the server reads")
