@@ -37,7 +37,9 @@ plus acceptance per round and the start-up errors found in the logs (the budget-
 ## spec-v2: the SGLang 0.5.17 (spec-v2) proof, bench/results/sglang-0.5.17-h200.{md,json}
 
   CORRECTNESS_RAW / SPEED_RAW: the TAG-raw.tgz of gpu_run.sh runs (E2E_BASE=0.5.17); configurations of the same name
-  in SPEED_RAW replace those of CORRECTNESS_RAW (re-runs of configurations that failed to start there).
+  in SPEED_RAW replace those of CORRECTNESS_RAW (re-runs of configurations that failed to start there). SPEED_RAW may
+  name several tarballs, comma-separated, one per lease: speed-8b has a row per lease a configuration finished in,
+  each against the stock chain timed in that same lease.
   EXPECTED_JSON: expected_acceptance's runtime-only replay (gpu_run.sh writes it beside the results).
 
 Sections: `lossless` (every DDTree configuration against plain decoding and against the stock V2 chain of the same
@@ -91,7 +93,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.e2e import chisq, driver, gdn_share
+import numpy as np
+
+from bench.e2e import chisq, driver, gdn_share, intervals
 from bench.e2e.e2e_files import load_results, open_raw, result_paths
 from bench.e2e.workloads import prompts
 
@@ -482,6 +486,49 @@ def merge_raws(raws: list[Path]) -> Path:
     return out
 
 
+def _speed_cell(runs: list[dict]) -> dict:
+    """One timed cell (a configuration at one batch): median round ms, tok/s pooled over reps, tokens per round."""
+    rms = sorted(r["round_ms"] for r in runs if r.get("round_ms") is not None)
+    verify = sum((m.get("spec_verify_ct") or 0) for r in runs for m in r["meta"])
+    accepted = sum((m.get("spec_accepted_drafts") or 0) for r in runs for m in r["meta"])
+    return {"reps": len(runs), "round_ms": rms[len(rms) // 2] if rms else None, "round_ms_all": rms,
+            "tok_s": round(intervals.pooled_tok_s(runs), 1),
+            "tokens_per_round": round((accepted + verify) / verify, 3) if verify else 1.0}
+
+
+def median_ratio_interval(a: list[float], b: list[float], *, resamples: int = intervals.RESAMPLES,
+                          seed: int = 0) -> tuple[float, float]:
+    """95 % bootstrap interval of median(a) / median(b), each list's reps resampled with replacement."""
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ra = np.median(xa[rng.integers(0, len(xa), size=(resamples, len(xa)))], axis=1)
+    rb = np.median(xb[rng.integers(0, len(xb), size=(resamples, len(xb)))], axis=1)
+    q = ra / rb
+    return float(np.percentile(q, 2.5)), float(np.percentile(q, 97.5))
+
+
+def v2_speed_rows(leases: list[dict]) -> list[dict]:
+    """speed-8b rows from each lease's results (config -> result JSON): every configuration of V2_SPEED_CONFIGS that
+    finished there, its round time against the stock chain of the same lease (median over median, with the 95 %
+    bootstrap interval); a configuration timed in several leases has a row per lease."""
+    rows = []
+    for n, rs in enumerate(leases, start=1):
+        chain = {int(wl[len("speed-bs"):]): runs for wl, runs in
+                 (rs.get("q8b-chain-graph", {}).get("workloads") or {}).items() if wl.startswith("speed-bs")}
+        for name in V2_SPEED_CONFIGS:
+            wls = {int(wl[len("speed-bs"):]): runs for wl, runs in (rs.get(name, {}).get("workloads") or {}).items()
+                   if wl.startswith("speed-bs") and runs}
+            for batch, runs in sorted(wls.items()):
+                row = {"config": name, "lease": n, "batch": batch, **_speed_cell(runs)}
+                ref = _speed_cell(chain[batch]) if chain.get(batch) else None
+                row["round_vs_chain"] = round(row["round_ms"] / ref["round_ms"], 3) if ref and ref["round_ms"] else None
+                if ref and name != "q8b-chain-graph" and row["round_ms_all"] and ref["round_ms_all"]:
+                    lo, hi = median_ratio_interval(row["round_ms_all"], ref["round_ms_all"])
+                    row["round_vs_chain_ci"] = [round(lo, 3), round(hi, 3)]
+                rows.append(row)
+    return rows
+
+
 def spec_v2(argv: list[str]) -> int:
     """The SGLang 0.5.17 (spec-v2) proof, from the H200 runs' raw results (``--base 0.5.N`` for another spec-v2 base:
     the run's E2E_BASE, named in the title and the commands)."""
@@ -491,15 +538,15 @@ def spec_v2(argv: list[str]) -> int:
     if len(argv) not in (4, 5):
         raise SystemExit("usage: python -m bench.e2e.report spec-v2 [--base 0.5.N] CORRECTNESS_RAW SPEED_RAW "
                          "EXPECTED_JSON OUT_STEM [APPLY_TRANSCRIPT_JSON]")
-    correct, speed, expected, stem = (Path(a) for a in argv[:4])
-    merged = merge_raws([correct, speed])  # the speed run's re-runs win
+    correct, expected, stem = Path(argv[0]), Path(argv[2]), Path(argv[3])
+    leases = [Path(a) for a in argv[1].split(",") if a]  # SPEED_RAW: one tarball per lease, comma-separated
+    merged = merge_raws([correct, *leases])  # the speed runs' re-runs win
     rep = Path(tempfile.mkdtemp())
     (rep / "expected-acceptance.json").write_text(expected.read_text())  # report() reads it beside its result
     summary = driver.report(merged, rep / "summary", base=base)  # spec-v2's acceptance accounting
     raw = open_raw(correct)
     rs = load_results(merged)
     t_fit = chisq.analyse(rs, raw / "models" / "agree-qwen3")
-    speed_rs = load_results(open_raw(speed))
     sync = []
     for log in sorted((raw / "logs").glob("*-sync.log")):
         lines = [ln for ln in log.read_text().splitlines() if "DDTree sync check" in ln]
@@ -507,16 +554,7 @@ def spec_v2(argv: list[str]) -> int:
         sync.append({"config": log.stem, "rounds": len(lines), "rounds_without_sync": zero,
                      "rounds_with_sync": [ln.split("DDTree sync check, ", 1)[1] for ln in lines
                                           if ": 0 synchronizing" not in ln]})
-    speed_rows = []
-    for name in V2_SPEED_CONFIGS:
-        for wl, v in sorted(summary["speed"].get(name, {}).items(), key=lambda kv: int(kv[0][len("speed-bs"):])):
-            speed_rows.append({"config": name, "batch": int(wl[len("speed-bs"):]), "round_ms": v["round_ms_median"],
-                               "round_ms_all": v["round_ms_all"], "tok_s": v["tok_per_s_median"],
-                               "tokens_per_round": v["tokens_per_round"] or 1.0,
-                               "same_lease": name in speed_rs})
-    chain = {r["batch"]: r["round_ms"] for r in speed_rows if r["config"] == "q8b-chain-graph"}
-    for r in speed_rows:
-        r["round_vs_chain"] = round(r["round_ms"] / chain[r["batch"]], 3) if chain.get(r["batch"]) else None
+    speed_rows = v2_speed_rows([load_results(open_raw(lease)) for lease in leases])
     out = {"lossless": {"vs_plain": summary["lossless"], "vs_chain": summary["vs_chain"],
                         "t_fit": t_fit, "replay": summary.get("replay", {}), "sync_check": sync,
                         "configs": summary["configs"], "acceptance": summary["acceptance"]},
@@ -528,6 +566,15 @@ def spec_v2(argv: list[str]) -> int:
     out_md.write_text(render_v2(out, argv if base == "0.5.17" else ["--base", base, *argv]) + "\n")
     print(out_md.read_text())
     return 0
+
+
+def _chain_span(rows: list[dict]) -> str:
+    """The stock chain's round ms per batch over the leases (``7.89-7.9 / 10.04 / ...``), or '' if it was not timed."""
+    by_batch: dict[int, list[float]] = {}
+    for r in rows:
+        if r["config"] == "q8b-chain-graph" and r["round_ms"] is not None:
+            by_batch.setdefault(r["batch"], []).append(r["round_ms"])
+    return " / ".join(f"{min(v)}" if min(v) == max(v) else f"{min(v)}-{max(v)}" for _, v in sorted(by_batch.items()))
 
 
 def render_v2(out: dict, argv: list[str]) -> str:
@@ -581,17 +628,27 @@ def render_v2(out: dict, argv: list[str]) -> str:
     lines += ["", "The first round's sites are one-time set-up: torch's lazy CUDA initialisation and, on the eager path, "
               "the first copy of the tree builder's candidate table to the device (`ddtree/keys.py`, cached per "
               "budget); with CUDA graphs the table is copied at warm-up, before capture."]
+    rows = out["speed-8b"]
+    n_leases = len({r.get("lease") for r in rows})
     lines += ["", "## speed-8b", "", "Qwen3-8B shape, random weights (`--load-format dummy`, so the drafter accepts "
-              "nothing and tokens/round is 1), CUDA graphs, 512-token prompts, one lease, one configuration timed at "
-              "a time. Round ms = (T(64 tokens) - T(16 tokens)) / (their difference in rounds): a decode step for "
-              "plain decoding, a draft + verify round for the chain and DDTree.", "",
-              "| config | batch | round ms | round / chain | tok/s |", "|---|---|---|---|---|"]
-    for r in out["speed-8b"]:
-        lines.append(f"| {r['config']} | {r['batch']} | {r['round_ms']} | {r['round_vs_chain']} | {r['tok_s']} |")
+              "nothing and tokens/round is 1), CUDA graphs, 512-token prompts, one configuration timed at a time"
+              + (f", in {n_leases} leases; each ratio is against the stock chain timed in the same lease" if n_leases > 1
+                 else ", one lease") + ". Round ms = (T(64 tokens) - T(16 tokens)) / (their difference in rounds), the "
+              "median over reps: a decode step for plain decoding, a draft + verify round for the chain and DDTree; "
+              "round / chain is the ratio of the medians, with its 95 % interval (bootstrap over each cell's reps, "
+              f"{intervals.RESAMPLES:,} resamples, seed 0); tok/s is pooled over reps (total tokens / total seconds).",
+              "", "| config | lease | batch | reps | round ms | round / chain [95 % CI] | tok/s |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = r.get("round_vs_chain_ci")
+        ratio = (f"{r['round_vs_chain']} [{ci[0]}, {ci[1]}]" if ci else
+                 "(reference)" if r["config"] == "q8b-chain-graph" else str(r["round_vs_chain"]))
+        lines.append(f"| {r['config']} | {r.get('lease', 1)} | {r['batch']} | {r.get('reps', '')} | {r['round_ms']} | "
+                     f"{ratio} | {r['tok_s']} |")
     lines += ["", "DDTree must commit (round / chain) times the chain's tokens per round to break even; with random "
               "weights it cannot, which is what this table is for: the cost side of the trade-off on the base users "
               "run. The 0.5.11 V1 chain measured 10.67 / 13.80 / 32.23 ms at batch 1 / 8 / 32 on the same shape "
-              "(issue text); the V2 chain here is 7.9 / 9.5-10.1 / 24.8-25.8 ms."]
+              "(issue text)" + (f"; the V2 chain here is {_chain_span(rows)} ms" if _chain_span(rows) else "") + "."]
     if "apply-transcript" in out:
         t = out["apply-transcript"]
         lines += ["", "## apply-transcript", "",
