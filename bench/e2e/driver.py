@@ -42,6 +42,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             on tensor cores (default: float32 FMA)
   -pN       pass N of a configuration measured more than once in a lease (interleaved with the others; the
             report merges the passes' speed runs and shows each pass's median)
+  -stock    SGLang as installed: the DDTree overlay left off the path (with DDTree off, the patched engine must equal
+            it: the patch set costs nothing unused)
   -launch   launches and host µs per decode round of the worker (bench/e2e/round_stats_hook/sitecustomize.py in the
             scheduler process; summarised by bench/e2e/round_stats.py into the JSON's round_stats and the report)
 
@@ -130,6 +132,8 @@ def parse(name: str) -> dict:
             cfg["max_running"] = int(p[3:])  # e.g. to provoke the hybrid budget-memory start-up error
         elif p == "noradix":
             cfg["noradix"] = True
+        elif p == "stock":  # SGLang as installed: the overlay (E2E_OVERLAY_DIR) left off the path
+            cfg["stock"] = True
         elif re.fullmatch(r"p\d+", p):
             cfg["pass"] = int(p[1:])  # the same configuration measured again later in the lease (report merges)
     return cfg
@@ -482,6 +486,12 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
     1-node tree through DDTree's tree kernels (bench/e2e/gdn_unpacked_decode/sitecustomize.py says why); everything
     else is the `ar` configuration."""
     env = dict(os.environ)
+    if cfg.get("stock"):
+        overlay = env.get("E2E_OVERLAY_DIR")
+        if not overlay:
+            raise SystemExit(f"{cfg['name']}: -stock needs E2E_OVERLAY_DIR (gpu_run.sh sets it) to know what to leave out")
+        env["PYTHONPATH"] = os.pathsep.join(e for e in env.get("PYTHONPATH", "").split(os.pathsep)
+                                            if e and os.path.realpath(e) != os.path.realpath(overlay))
     if cfg["modelset"] in SAMPLED_SPEED_MODELSETS:
         env.setdefault("E2E_SPEED_T", str(SAMPLED_SPEED_MODELSETS[cfg["modelset"]]))
     if cfg.get("sync_check"):

@@ -30,14 +30,14 @@ elapsed() { echo $(( $(date +%s) - T0 )); }
 needs() { echo ",$CONFIGS,$SEQ," | grep -q ",$1-"; }  # does any configuration use model set $1?
 DRY=${E2E_DRY_RUN:-0}  # 1: CPU dry run (no install; bench.e2e.dry_engine stands in for sglang.Engine)
 if [ "$DRY" = 1 ]; then
-  echo "dry run: no install, CPU stand-in engines" > "$OUT/setup.log"; export PYTHONUNBUFFERED=1 E2E_DRY_RUN=1
+  echo "dry run: no install, CPU stand-in engines" > "$OUT/setup.log"; export PYTHONUNBUFFERED=1 E2E_DRY_RUN=1 E2E_OVERLAY_DIR=${E2E_OVERLAY_DIR:-/tmp/overlay}
 else
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/wheels/*.whl > "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 1; }
 rm -rf /tmp/overlay && mkdir -p /tmp/overlay && cp -r /tmp/site/sglang /tmp/overlay/ && cp -r "$B"/overlay/sglang/. /tmp/overlay/sglang/
 # the overlay's plugin dist-info (patch sets with hooks: SGLang's plugin loader finds its entry point on the path)
 for d in "$B"/overlay/*.dist-info; do [ -d "$d" ] && cp -r "$d" /tmp/overlay/; done
 find /tmp/overlay/sglang -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
-export PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim SGLANG_IS_FLASHINFER_AVAILABLE=false PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export E2E_OVERLAY_DIR=/tmp/overlay PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim SGLANG_IS_FLASHINFER_AVAILABLE=false PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ldconfig -p | grep -q 'libnuma.so.1 ' || export LD_LIBRARY_PATH=$B/numa${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 if [ "${E2E_SETUP_ONLY:-0}" = 1 ]; then  # the bundle installed with the overlay (/tmp/site, /tmp/overlay), nothing run
