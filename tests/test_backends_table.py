@@ -5,23 +5,15 @@ Both tables are read as text and data (backends.py and bases.py are pure data, l
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+import spec_v2_tables
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "### Attention backends and page sizes"
 
 
-def _table(name: str):
-    spec = importlib.util.spec_from_file_location(f"ddtree_v2_{name}_fast", REPO / f"patches/ddtree/spec-v2/{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-backends, bases = _table("backends"), _table("bases")
+backends, bases = spec_v2_tables.load("backends"), spec_v2_tables.load("bases")
 
 
 def _readme_section() -> tuple[str, dict[str, list[str]]]:

@@ -6,7 +6,6 @@ is pointed at the runtime loaded the same way, since `sglang.srt.speculative.ddt
 """
 from __future__ import annotations
 
-import importlib.util
 import socket
 import sys
 from pathlib import Path
@@ -14,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import spec_v2_tables
 from v2_helpers import REPO
 
-GLUE = REPO / "patches" / "ddtree" / "spec-v2"
 sys.path.insert(0, str(REPO / "tests" / "runtime"))
 from rt_env import load_runtime  # noqa: E402
 
@@ -24,11 +23,7 @@ RT = load_runtime()
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"ddtree_v2_{name}", GLUE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return spec_v2_tables.load(name)
 
 
 DT = _load("draft_topk")

@@ -25,13 +25,9 @@ from sglang_series_helpers import write_torchvision_stub  # noqa: E402
 
 def _table(name: str):
     """patches/ddtree/spec-v2/<name>.py, one of the spec-v2 tables (pure data: loaded by path)."""
-    import importlib.util
+    import spec_v2_tables
 
-    spec = importlib.util.spec_from_file_location(f"ddtree_v2_{name}", REPO / f"patches/ddtree/spec-v2/{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return spec_v2_tables.load(name)
 
 
 BASES_TABLE = _table("bases")
