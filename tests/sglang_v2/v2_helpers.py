@@ -353,6 +353,100 @@ print("RESULT" + json.dumps({"hooks": rows, "refused": {" ".join(k): v for k, v 
 #: replaces a base kernel with its torch equivalent for the rest of the process.
 CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("plugin", PLUGIN_SCRIPT, ()), ("flashinfer", FLASHINFER_SCRIPT, ()))
 
+# The start-up refusals of tests/sglang_v2/test_hybrid_v2.py, through DDTreeRound.check_target on each base's real
+# classes: argv = (base, "hybrid" for a base whose series has the hybrid patch, else "plain").
+REFUSALS_SCRIPT = r'''
+import json, sys, types
+import torch
+from types import SimpleNamespace as NS
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.speculative.ddtree_v2.round import DDTreeRound
+
+n1 = 17
+Triton = type("TritonGDNKernel", (), {})
+FlashInfer = type("FlashInferGDNKernel", (), {})
+
+
+def cache(dedup=False, strided=False):
+    temporal = torch.zeros(2, 5, 3, 8, 8)
+    if strided:  # a page-major envelope: each slot's state spread over a wider row
+        temporal = torch.zeros(2, 5, 3, 8, 16)[..., :8]
+    if dedup:  # 0.5.17's sliding-window view: step t's window starts at column t
+        phys = torch.zeros(2, 5, 24, n1 + 2)
+        win = phys.as_strided((2, 5, n1, 24, 3), (phys.stride(0), phys.stride(1), 1, phys.stride(2), 1))
+    else:
+        win = torch.zeros(2, 5, n1, 24, 3)
+    return NS(conv=[torch.zeros(2, 5, 24, 3)], temporal=temporal, intermediate_ssm=torch.zeros(2, 5, n1, 3, 8, 8),
+              intermediate_conv_window=[win])
+
+
+def runner(linear, *, pool=None, c=None):
+    full = object.__new__(TritonAttnBackend)
+    hyb = object.__new__(HybridLinearAttnBackend)
+    hyb.full_attn_backend, hyb.linear_attn_backend = full, linear
+    pool = pool or NS(enable_linear_replayssm=False, enable_linear_replayssm_spec=False, mamba_cache=c or cache())
+    return NS(attn_backend=hyb, req_to_token_pool=NS(mamba_pool=pool), sliding_window_size=None,
+              server_args=NS(speculative_num_draft_tokens=n1))
+
+
+def gdn(kernels=(Triton, Triton, Triton), flashinfer=False, ddtree=True):
+    g = object.__new__(GDNAttnBackend)
+    d, e, v = (k() for k in kernels)
+    g.kernel_dispatcher = NS(decode_kernel=d, extend_kernel=e, verify_kernel=v, verify_kernel_is_flashinfer=flashinfer)
+    if ddtree is not None:
+        g.ddtree = object() if ddtree else None
+    return g
+
+
+def check(mr, **kw):
+    rnd = DDTreeRound(NS(speculative_ddtree_budget=16), block_size=16)  # no flag beside the budget
+    try:
+        rnd.check_target(mr, is_hybrid=True, **kw)
+        return {"ok": True, "hybrid": rnd.hybrid}
+    except ValueError as e:
+        return {"ok": False, "msg": str(e), "hybrid": rnd.hybrid}
+
+
+out = {}
+out["gdn"] = check(runner(gdn()))
+out["dflash1"] = check(runner(gdn()), worker=NS(selector=None))  # the worker a 0.5.19+ series passes
+out["dflash2"] = check(runner(gdn()), worker=NS(selector=object()))  # a DFlash2 drafter's candidate selector
+out["domino"] = check(runner(gdn()), worker=NS(selector=None, _is_domino=True))  # 0.5.20+: a Domino drafter
+if sys.argv[2] == "hybrid":  # a base whose series has patch 0004
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+    from sglang.srt.layers.attention.linear.lightning_backend import LightningAttentionBackend
+    from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
+    out["mamba2"] = check(runner(object.__new__(Mamba2AttnBackend)))
+    out["kda"] = check(runner(object.__new__(KDAAttnBackend)))
+    out["lightning"] = check(runner(object.__new__(LightningAttentionBackend)))
+    out["short_conv"] = check(runner(object.__new__(ShortConvAttnBackend)))
+    out["flashinfer_verify"] = check(runner(gdn((Triton, Triton, FlashInfer), flashinfer=True)))
+    out["flashinfer_decode"] = check(runner(gdn((FlashInfer, Triton, Triton))))
+    out["replayssm"] = check(runner(gdn(), pool=NS(enable_linear_replayssm=False, enable_linear_replayssm_spec=True,
+                                                   mamba_cache=cache())))
+    out["replayssm_decode"] = check(runner(gdn(), pool=NS(enable_linear_replayssm=True,
+                                                          enable_linear_replayssm_spec=False, mamba_cache=cache())))
+    out["dedup_window"] = check(runner(gdn(), c=cache(dedup=True)))
+    out["page_major"] = check(runner(gdn(), c=cache(strided=True)))
+    out["not_built"] = check(runner(gdn(ddtree=False)))
+    out["no_intermediate"] = check(runner(gdn(), c=NS(**{**vars(cache()), "intermediate_ssm": None})))
+else:
+    out["gdn_unpatched"] = check(runner(gdn(ddtree=None)))
+print("RESULT" + json.dumps(out))
+'''
+#: The bases the refusals run on: every hybrid base, and 0.5.16 (no hybrid patch: it keeps refusing hybrids).
+REFUSAL_BASES = (*with_trait("hybrid"), "0.5.16")
+
+
+def cpu_scripts(version: str) -> tuple:
+    """The CPU scripts of one base's batch (conftest.py's v2_scripts_for): CPU_SCRIPTS, and the refusals where they
+    run."""
+    if version not in REFUSAL_BASES:
+        return CPU_SCRIPTS
+    return (*CPU_SCRIPTS, ("refusals", REFUSALS_SCRIPT, (version, "hybrid" if TRAITS[version].hybrid else "plain")))
+
 _BATCH = r'''
 import json, runpy, sys, traceback
 for name, path, argv in json.loads(sys.argv[1]):
