@@ -33,7 +33,7 @@ $(STAMP): $(filter $(VENV)/bin/python,$(PY)) pyproject.toml tests/sglang_v1/requ
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync git zstd >/dev/null; \
 	  else echo "need openssh-server, rsync, git and zstd (run as root or install them)"; exit 1; fi; fi
 	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,kernels,ansible]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,kernels,ansible,plot]"
 	@# what `import sglang.srt.server_args` (0.5.11) needs for the patch set's CPU tests; no deps, so no CUDA torch
 	$(PY) -m pip install -q --disable-pip-version-check click pydantic requests orjson jsonschema jinja2 ipython
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r tests/sglang_v1/requirements-cpu.txt

@@ -8,6 +8,7 @@ from typing import Any, Optional
 import typer
 
 from .. import hostbench
+from .. import plot as plot_mod
 from .. import tune as tune_mod
 from ..console import emit_json, err, out, table
 from ._options import HostArg, HostOpt, InventoryOpt, JsonOpt, one_host
@@ -20,6 +21,9 @@ MaxNewOpt = typer.Option(64, "--max-new-tokens", min=1, max=4096, help="tokens e
                          "every config does the same work)")
 RepsOpt = typer.Option(hostbench.DEFAULT_REPS, "--reps", min=1, max=100, help="times each cell (config x batch size) is "
                        "measured; tables show the median and the min–max")
+
+PlotOpt = typer.Option(None, "--plot", metavar="FILE", help="also draw the result into FILE (.svg, .png or .pdf; needs "
+                       f"matplotlib: {plot_mod.INSTALL}); checked before anything is measured")
 
 RESTART_NOTE = ("The host's server is restarted once per config (it serves no traffic meanwhile) under the host lock, "
                 "then restarted as the host file configures it and checked; if the tool is interrupted or cut off, "
@@ -51,6 +55,7 @@ def bench_cmd(
     reps: int = RepsOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="say which configs it would restart the server into; touch "
                                  "nothing"),
+    plot: Optional[Path] = PlotOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -63,11 +68,16 @@ def bench_cmd(
     sizes = hostbench.parse_sizes(batch_sizes)
     texts = hostbench.load_prompts(prompts)
     configs = [hostbench.ddtree(h, name="ddtree"), hostbench.chain(h), hostbench.plain()]
+    if plot is not None:
+        plot_mod.check_target(plot)
     if dry_run:
-        _print_plan({"host": h.name, "dry_run": True, "prompts": len(texts), "reps": reps,
-                     "steps": hostbench.plan(h, configs, sizes, reps=reps)}, as_json)
+        steps = hostbench.plan(h, configs, sizes, reps=reps) + ([f"draw the result into {plot}"] if plot else [])
+        _print_plan({"host": h.name, "dry_run": True, "prompts": len(texts), "reps": reps, "steps": steps,
+                     "plot": str(plot) if plot else None}, as_json)
     with _interruptible():
         res = hostbench.bench(h, texts, sizes, max_new_tokens, reps=reps, progress=_progress)
+    if plot is not None:
+        res["plot"] = str(plot_mod.bench_figure(res, plot))
     if as_json:
         emit_json(res)
         return
@@ -76,6 +86,8 @@ def bench_cmd(
                     ["config", "budget", "batch", "tok/s", "reps", "vs chain", "accept len", "latency ms", "p90 ms",
                      "ms/token", "round ms"], _rows(res["rows"])))
     out.print(f"server put back as configured ({res['restored'].get('restarts')} restarts)", highlight=False)
+    if plot is not None:
+        out.print(f"wrote {plot}", highlight=False)
 
 
 def _print_plan(plan: dict[str, Any], as_json: bool) -> None:
@@ -106,6 +118,7 @@ def tune_cmd(
                                  "nothing"),
     apply: bool = typer.Option(False, "--apply", help="after writing the host file, restart the server with the new "
                                "schedule (host lock; the old file is put back if it does not come up)"),
+    plot: Optional[Path] = PlotOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -120,11 +133,18 @@ def tune_cmd(
     sizes = hostbench.parse_sizes(batch_sizes)
     wanted = tune_mod.parse_budgets(budgets)
     texts = hostbench.load_prompts(prompts)
+    if plot is not None:
+        plot_mod.check_target(plot)
     with _interruptible():
         res = tune_mod.tune(h, texts, batch_sizes=sizes, budgets=wanted, max_new_tokens=max_new_tokens, margin=margin,
                             dry_run=dry_run, apply=apply, reps=reps, progress=_progress)
     if res.get("dry_run"):
+        if plot is not None:
+            res["steps"].append(f"draw the measurements, the fitted schedule and the acceptance by depth into {plot}")
+        res["plot"] = str(plot) if plot else None
         _print_plan(res, as_json)
+    if plot is not None:
+        res["plot"] = str(plot_mod.tune_figure(res, plot))
     if as_json:
         emit_json(res)
         return
@@ -140,6 +160,8 @@ def tune_cmd(
               + ", ".join(f"b{b} {v}" for b, v in res["model_tokens_per_round"].items()) + " (measured "
               + ", ".join(f"b{b} {v}" for b, v in res["measured_tokens_per_round"].items()) + ")", highlight=False)
     out.print(f"schedule: {res['schedule']}", highlight=False)
+    if plot is not None:
+        out.print(f"wrote {plot}", highlight=False)
     if res.get("within_noise"):
         cells = "; ".join(f"batch {c['batch']}: fitted {c['fitted'] or 'chain'} {c['fitted_tok_s']} vs current "
                           f"{c['current'] or 'chain'} {c['current_tok_s']} tok/s" for c in res["within_noise"])

@@ -96,13 +96,19 @@ def test_bench_plain_chain_ddtree_side_by_side_and_puts_the_server_back(box) -> 
     after = _info(host_file)
     assert after["speculative_ddtree_budget"] == 16 and after["speculative_algorithm"] == "DFLASH"
     assert after["pid"] != before["pid"]  # it was restarted, and runs as configured again
-    table = run("bench", "--host", NAME, "--batch-sizes", "1", *WORK, "--reps", "2")
+    figure = host_file.parent / "bench.svg"
+    table = run("bench", "--host", NAME, "--batch-sizes", "1", *WORK, "--reps", "2", "--plot", str(figure))
     assert table.returncode == 0, table.stderr[-2000:]
     text = " ".join(table.stdout.split())
     assert "median (min–max) of 2 reps" in text and "–" in text.split("median", 1)[1]  # each cell's spread
+    assert f"wrote {figure}" in text
+    svg = figure.read_text()  # matplotlib's SVG, labels kept as text
+    assert svg.lstrip().startswith("<?xml") and all(f">{c}<" in svg for c in ("ddtree", "chain", "plain"))
     pid = _info(host_file)["pid"]
-    dry = run("bench", "--host", NAME, "--batch-sizes", "1", "--dry-run")
+    unwritten = host_file.parent / "dry.svg"
+    dry = run("bench", "--host", NAME, "--batch-sizes", "1", "--dry-run", "--plot", str(unwritten))
     assert dry.returncode == 0 and "dry run: nothing was touched" in dry.stdout and "3 times" in dry.stdout
+    assert f"draw the result into {unwritten}" in " ".join(dry.stdout.split()) and not unwritten.exists()
     assert _info(host_file)["pid"] == pid
 
 
@@ -207,10 +213,13 @@ def test_tune_reports_reps_and_spread_and_keeps_the_schedule_within_noise(box) -
 def test_tune_writes_the_schedule_keeping_the_file_and_apply_restarts_on_it(box) -> None:
     run, host_file, _, _ = box
     text = host_file.read_text()
+    figure = host_file.parent / "tune.svg"
     res = run("tune", "--host", NAME, "--batch-sizes", "1,2", "--budgets", "4,16", *WORK, "--margin", "0", "--reps",
-              "2", "--apply")
+              "2", "--apply", "--plot", str(figure))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "tok/s by budget x batch" in res.stdout and "schedule:" in res.stdout
+    svg = figure.read_text()  # tok/s per budget with the fitted schedule, and the measured acceptance by depth
+    assert all(f">{label}<" in svg for label in ("b4", "b16", "chain", "plain", "draft depth")) and ">schedule " in svg
     schedule = res.stdout.split("schedule: ", 1)[1].split()[0]
     new = host_file.read_text()
     if new == text:  # the fit kept budget 16 for every size, or won only within noise: nothing to write
@@ -243,7 +252,9 @@ def test_bad_input_is_one_line_and_leaves_the_host_alone(box, tmp_path) -> None:
     _one_line_error(run("bench", "--host", NAME, "--batch-sizes", "0"), 2, "--batch-sizes")
     _one_line_error(run("tune", "--host", NAME, "--budgets", "16,5000"), 2, "--budgets")
     _one_line_error(run("tune", "--host", NAME, "--batch-sizes", "1,64", *WORK), 2, "max_running_requests")
-    assert _info(host_file)["pid"] == pid
+    _one_line_error(run("bench", "--host", NAME, *WORK, "--plot", str(tmp_path / "fig.jpg")), 2, "fig.jpg", "suffix")
+    _one_line_error(run("tune", "--host", NAME, *WORK, "--plot", str(tmp_path / "no" / "fig.svg")), 2, "does not exist")
+    assert _info(host_file)["pid"] == pid  # refused before any restart
 
 
 def test_server_down_is_said_and_stays_down(box) -> None:

@@ -72,11 +72,12 @@ def build_wheel(dest: Path) -> Path:
 
 def install_wheel(root: Path) -> None:
     """Wheel (``root/build``) -> fresh venv (``root/venv``, no system site-packages) -> ``pip install`` of the
-    wheel alone with its ``ansible`` extra, deps from the registry. Read-only afterwards: the test run's workers share it."""
+    wheel alone with its ``ansible`` and ``plot`` extras, deps from the registry. Read-only afterwards: the test run's workers share it."""
     wheel = build_wheel(root / "build")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-    proc = _pip(venv / "bin" / "python", "install", f"{wheel}[ansible]")  # with its Ansible extra (--engine ansible)
+    # with its extras: Ansible (--engine ansible) and matplotlib (bench / tune --plot)
+    proc = _pip(venv / "bin" / "python", "install", f"{wheel}[ansible,plot]")
     if proc.returncode != 0:
         raise RuntimeError(f"pip install of the wheel into a fresh venv failed:\n{proc.stdout}\n{proc.stderr}")
     if not (venv / "bin" / "ddtree-deploy").exists():
