@@ -61,9 +61,10 @@ XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 test: install
 	$(PY) -m pytest -q -m "not gpu" --durations=25 $(XDIST)
 
-# The inner loop (under 2 minutes on 2 cores): no sandbox sshd hosts, no real SGLang wheels unpacked or patched.
+# The inner loop (under 2 minutes on 2 cores): no sandbox sshd hosts, no real SGLang wheels unpacked or patched, and
+# no test marked slow (whole dry-run benchmarks and proofs); every kernel-against-reference test stays in it.
 test-fast: install
-	$(PY) -m pytest -q -m "not gpu and not sandbox and not wheels" $(XDIST)
+	$(PY) -m pytest -q -m "not gpu and not sandbox and not wheels and not slow" $(XDIST)
 
 test-gpu:
 	TRITON_INTERPRET=0 $(PY) -m pytest -q -m gpu

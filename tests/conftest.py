@@ -7,7 +7,7 @@ Two rules for the whole suite live here as well:
 
 - Markers by what a test costs: a test whose fixtures start sandbox hosts is marked ``sandbox``, one that unpacks,
   patches or installs real SGLang wheels (or the project's own wheel) ``wheels``, whether or not its module says
-  so, so ``make test-fast`` (``-m "not gpu and not sandbox and not wheels"``) is a true inner loop.
+  so, so ``make test-fast`` (``-m "not gpu and not sandbox and not wheels and not slow"``) is a true inner loop.
 - No silent skips: a test that skips fails the run, unless its skip is on ``ALLOWED_SKIPS`` below (each entry says
   why it cannot run everywhere). A machine that lacks what the suite needs (root, sshd, the wheels, the spec-v2
   dependency folders of ``make install``) therefore fails loudly; ``DDTREE_ALLOW_SKIPS=1`` turns failures back into

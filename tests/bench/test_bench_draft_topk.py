@@ -33,6 +33,7 @@ def test_refuses_without_cuda(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # the whole benchmark on tiny shapes: make test, not make test-fast
 def test_smoke_run_writes_results(tmp_path):
     r = _run("--smoke", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr

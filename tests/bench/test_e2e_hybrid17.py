@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -66,6 +68,7 @@ print(json.dumps({"order": order, "one_gpu": d.gpu_slot("q36-chain-graph", {}, 1
     assert got["one_gpu"] == "" and got["one_gpu_full"] is None
 
 
+@pytest.mark.slow  # a whole dry-run proof: make test, not make test-fast
 def test_report_from_dry_results(tmp_path: Path):
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -110,6 +113,7 @@ def test_report_from_dry_results(tmp_path: Path):
     assert "| 32 | 16 | not run |" in md
 
 
+@pytest.mark.slow  # a whole dry-run proof: make test, not make test-fast
 def test_a_failed_engine_start_is_recorded_with_its_error(tmp_path: Path):
     """An engine whose child dies at start-up (SGLang: the scheduler logs its traceback and SIGQUITs the parent)
     leaves a record with the child's error instead of killing the driver: through the driver's own SIGQUIT handler,

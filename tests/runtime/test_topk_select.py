@@ -102,6 +102,7 @@ def test_raw_values_and_lse_strided_rows(rt, gen, dev, module, plan):
 
 
 @needs_triton
+@pytest.mark.slow  # Qwen3's whole vocab through the interpreter; the smaller-vocab cases above stay in make test-fast
 @pytest.mark.parametrize("k", [16, 64])
 def test_select_default_plan_at_a_real_vocab(rt, gen, dev, k):
     """The GPU's plan (128-token groups, 4096-wide chunks, a 1024-slot buffer) over Qwen3's 151,936 tokens,
