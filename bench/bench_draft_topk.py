@@ -20,6 +20,8 @@ kernel).
 
     python bench/bench_draft_topk.py                  # on a CUDA GPU: bench/results/draft-topk-<gpu>.json / .md
     python bench/bench_draft_topk.py --smoke          # anywhere: tiny shapes, kernels under TRITON_INTERPRET=1
+    python bench/bench_draft_topk.py --ks 256,512,1024 --batches 1,32   # large budgets (first-call compile time
+                                                                         # is a column: issue #29 item 3)
 
 Without CUDA (and without --smoke) it refuses with exit 2.
 """
@@ -117,7 +119,12 @@ def measure(rt, glue, kernel, shape: dict, smoke: bool, progress=print) -> list[
         argmax = timer(lambda x=logits: torch.argmax(x, dim=-1))
         for k in shape["ks"]:
             progress(f"batch {batch} ({n} rows) k {k} ...")
-            lp_t, tok_t = rt.draft_topk(logits.unsqueeze(0), k, impl=impl)
+            t0 = time.perf_counter()
+            lp_t, tok_t = rt.draft_topk(logits.unsqueeze(0), k, impl=impl)  # the first call compiles the kernels
+            if not smoke:
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            progress(f"  first call (compile + run) {first:.2f} s")
             lp_r, tok_r = rt.draft_topk(logits.unsqueeze(0), k, impl="torch")
             same_tokens = bool(torch.equal(tok_t, tok_r))
             lp_err = float((lp_t - lp_r).abs().max())
@@ -137,7 +144,7 @@ def measure(rt, glue, kernel, shape: dict, smoke: bool, progress=print) -> list[
                 "topk_torch_reference_us": round(ref, 2), "torch_topk_values_only_us": round(bare, 2),
                 "streaming_kernel_us": round(stream, 2), "overflow_rows": int(over.sum()),
                 "logits_bytes": n * vocab * 2, "kernel_splits": splits, "kernel_split_len": split_len,
-                "kernel_group": sh["group"], "kernel_cap": sh["cap"],
+                "kernel_group": sh["group"], "kernel_cap": sh["cap"], "first_call_s": round(first, 3),
                 "tokens_equal_reference": same_tokens,
                 "max_logprob_diff": lp_err,
             })
@@ -181,14 +188,14 @@ def markdown(result: dict) -> str:
              f"Kernel tokens equal the torch reference at every shape: {v['tokens_equal_reference']}.", "",
              "| batch | rows | k | chain: head+argmax µs | DDTree: head+top-k µs | ratio | argmax µs | top-k µs | "
              "ratio | streaming kernel µs | torch reference µs | torch.topk (values) µs | pass-1 splits | "
-             "overflow rows |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "overflow rows | first call s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['batch']} | {r['rows']} | {r['k']} | {r['chain_head_argmax_us']} | "
                      f"{r['ddtree_head_topk_us']} | {r['head_ratio']} | {r['argmax_us']} | {r['topk_us']} | "
                      f"{r['topk_ratio']} | {r['streaming_kernel_us']} | {r['topk_torch_reference_us']} | "
                      f"{r['torch_topk_values_only_us']} | {r['kernel_splits']} x {r['kernel_split_len']} | "
-                     f"{r['overflow_rows']} |")
+                     f"{r['overflow_rows']} | {r['first_call_s']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the .json and .md")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1 (no timing "
                     "claim: proves the bench and the kernels run)")
+    ap.add_argument("--ks", help="comma-separated k to measure instead of the default (e.g. 256,512,1024: budgets "
+                    "that large; the result is then named draft-topk-<gpu>-k<largest>)")
+    ap.add_argument("--batches", help="comma-separated batch sizes instead of the default")
     args = ap.parse_args(argv)
     import torch
 
@@ -205,12 +215,27 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rt, glue, kernel = _load(args.smoke)
-    shape = SMOKE if args.smoke else FULL
+    shape = dict(SMOKE if args.smoke else FULL)
+    try:
+        if args.ks:
+            shape["ks"] = tuple(int(k) for k in args.ks.split(","))
+        if args.batches:
+            shape["batches"] = tuple(int(b) for b in args.batches.split(","))
+    except ValueError:
+        print(f"bench_draft_topk: --ks / --batches take comma-separated integers, got {args.ks or args.batches!r}",
+              file=sys.stderr)
+        return 2
+    if not all(1 <= k <= shape["vocab"] for k in shape["ks"]) or not all(b >= 1 for b in shape["batches"]):
+        print(f"bench_draft_topk: every k must be in [1, {shape['vocab']}] and every batch >= 1", file=sys.stderr)
+        return 2
     rows = measure(rt, glue, kernel, shape, args.smoke, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    result = {"command": COMMAND + (" --smoke" if args.smoke else ""), "environment": environment(args.smoke),
+    extra = (f" --ks {args.ks}" if args.ks else "") + (f" --batches {args.batches}" if args.batches else "")
+    result = {"command": COMMAND + (" --smoke" if args.smoke else "") + extra, "environment": environment(args.smoke),
               "shape": {k: v for k, v in shape.items()}, "rows": rows, "verdict": verdict(rows, args.smoke)}
     name = "draft-topk-smoke" if args.smoke else "draft-topk-" + (
         "h200" if "H200" in result["environment"].get("gpu", "") else "gpu")
+    if args.ks:
+        name += f"-k{max(shape['ks'])}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / f"{name}.md").write_text(markdown(result))

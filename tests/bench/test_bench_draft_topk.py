@@ -44,6 +44,20 @@ def test_smoke_run_writes_results(tmp_path):
         assert row["tokens_equal_reference"] and row["max_logprob_diff"] < 1e-5
         assert row["chain_head_argmax_us"] > 0 and row["topk_us"] > 0
         assert row["overflow_rows"] == 0 and row["streaming_kernel_us"] > 0  # the gather path was timed
+        assert row["first_call_s"] > 0
     assert result["verdict"]["met"] is None  # a CPU run makes no timing claim
     md = (tmp_path / "draft-topk-smoke.md").read_text()
-    assert "no claim" in md and "| 2 | 4 | 16 |" in md
+    assert "no claim" in md and "| 2 | 4 | 16 |" in md and "first call s" in md
+
+
+@pytest.mark.slow
+def test_ks_and_batches_pick_the_cells_and_bad_ones_are_refused(tmp_path):
+    r = _run("--smoke", "--ks", "4,32", "--batches", "1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    result = json.loads((tmp_path / "draft-topk-smoke-k32.json").read_text())  # named by its largest k
+    assert [(row["batch"], row["k"]) for row in result["rows"]] == [(1, 4), (1, 32)]
+    assert result["command"] == "python bench/bench_draft_topk.py --smoke --ks 4,32 --batches 1"
+    for bad in (["--ks", "x"], ["--ks", "0"], ["--ks", "701"], ["--batches", "0"]):
+        r = _run("--smoke", *bad, "--out", str(tmp_path / "bad"))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)
+        assert not (tmp_path / "bad").exists()
