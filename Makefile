@@ -53,7 +53,7 @@ demo: install
 
 # Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
 # In TEST_JOBS worker processes (pytest-xdist): much of the suite waits on sshd hosts and subprocesses; on 2 cores
-# two workers took 19-29 min in December 2026 (28:51 on a box then 30 % slower than it was an hour before; ten SGLang bases). Each test file runs whole, in order, on one worker (--dist loadfile): a
+# two workers took 17-29 min in December 2026 (17:12 on 2 idle cores on the 6th; 28:51 on a box then 30 % slower than it was an hour before; ten SGLang bases). Each test file runs whole, in order, on one worker (--dist loadfile): a
 # sandbox module is one scenario on its own hosts (a module fixture), and a test may build on the state an
 # earlier test of its file left; work stealing split files between workers and broke that. TEST_JOBS=0: one process.
 TEST_JOBS ?= 2
