@@ -208,8 +208,9 @@ def test_the_sandbox_without_kernels_has_only_warnings() -> None:
 SUITE_WHEELS = ("0.5.11", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.23")
 
 
+@pytest.mark.wheels  # it fetches the real wheels (make test-fast leaves it out)
 def test_stack_table_matches_the_wheels_read_by_the_suite() -> None:
-    """Each row against the real wheel's METADATA where the suite has the wheel (0.5.11, 0.5.14-0.5.17, 0.5.23)."""
+    """Each row against the real wheel's METADATA for the releases the suite reads (0.5.11, 0.5.14-0.5.17, 0.5.23)."""
     import zipfile
     from email.parser import Parser
 
@@ -219,7 +220,6 @@ def test_stack_table_matches_the_wheels_read_by_the_suite() -> None:
 
     # fetched here (cached for the rest of the suite): a test that read only what other files had fetched
     # found nothing when it ran before them on its worker
-    checked = 0
     for release in SUITE_WHEELS:
         wheel = fetch_wheel("sglang", release)
         with zipfile.ZipFile(wheel) as zf:
@@ -231,8 +231,6 @@ def test_stack_table_matches_the_wheels_read_by_the_suite() -> None:
         assert str(reqs["sglang-kernel"].specifier) == f"=={row.kernel}", release
         assert str(reqs["flashinfer-python"].specifier) == f"=={row.flashinfer}", release
         assert meta["Requires-Python"] == f">={row.python_min}", release
-        checked += 1
-    assert checked == len(SUITE_WHEELS)
 
 
 @pytest.mark.parametrize("case,rule,facts,expected", HOST_CASES, ids=[c[0] for c in HOST_CASES])
