@@ -24,9 +24,8 @@ def check_target(path: Path) -> Path:
     """The plot's path, checked before any measurement: a known suffix, an existing folder, matplotlib present."""
     if path.suffix.lower() not in SUFFIXES:
         raise InputError(f"--plot {path}: the file type comes from the suffix, one of {', '.join(SUFFIXES)}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"--plot {path}: folder {parent} does not exist")
+    if not path.parent.is_dir():  # a bare name's parent is "."
+        raise InputError(f"--plot {path}: folder {path.parent} does not exist")
     if path.is_dir():
         raise InputError(f"--plot {path}: is a folder")
     _pyplot()
