@@ -15,7 +15,7 @@
 # TAG.md, TAG-raw.tgz (results, logs, the agree target's weights), and for `-prof` configurations
 # TAG-round-share.json (python -m bench.e2e.round_share), TAG-gdn-share.json (python -m bench.e2e.gdn_share: the
 # GatedDeltaNet verify's share of the round) and TAG-prof.tgz (the traces, if under 15 MB).
-# E2E_SETUP_ONLY=1: install the bundle and lay the overlay (as above), then stop (bench/e2e/hybrid17.sh gputests).
+# E2E_SETUP_ONLY=1: install the bundle and lay the overlay (as above), then stop (bench/e2e/hybrid_v2.sh gputests).
 # E2E_GPUS=0,1,2,3: spread the configurations over these GPUs (dummy-weight model sets one per GPU on all but the first,
 # the others on the first; bench/e2e/driver.py gpu_slot).
 set -u

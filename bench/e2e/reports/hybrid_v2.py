@@ -1,8 +1,9 @@
-"""The `hybrid17` report: issue #15's proof on SGLang 0.5.17, bench/results/hybrid-0.5.17-h200*.{md,json}
+"""The `hybrid-v2` report: DDTree on hybrid GatedDeltaNet targets on the spec-v2 worker of SGLang 0.5.17 (issue
+#15), bench/results/hybrid-0.5.17-h200*.{md,json}
 
-  RAW: TAG-raw.tgz (or result folders) of `bench/e2e/hybrid17.sh` parts, with TAG-prof.tgz beside it when the part
+  RAW: TAG-raw.tgz (or result folders) of `bench/e2e/hybrid_v2.sh` parts, with TAG-prof.tgz beside it when the part
   profiled; configurations of the same name in a later RAW replace earlier ones. KERNELS_JSON:
-  tests/gpu/test_hybrid_v2_kernels_gpu.py's output (hybrid17.sh writes it as $OUT/hybrid_v2_kernels.json); default:
+  tests/gpu/test_hybrid_v2_kernels_gpu.py's output (hybrid_v2.sh writes it as $OUT/hybrid_v2_kernels.json); default:
   hybrid_v2_kernels.json beside the first RAW.
 
 Sections:
@@ -175,7 +176,7 @@ def round_section(rs: dict, raw: Path) -> dict:
     return {"rows": rows, "memory_check": fits, "gdn_share": shares}
 
 
-def render_hybrid17(s: dict) -> str:
+def render(s: dict) -> str:
     L = ["# DDTree on hybrid GatedDeltaNet targets, SGLang 0.5.17, H200 (issue #15)", ""]
     k = s["kernels"]
     L += ["## Kernel checks (the wired verify + commit vs float64 per-path recurrences)", ""]
@@ -247,8 +248,8 @@ def render_hybrid17(s: dict) -> str:
 
 def main(argv: list[str]) -> int:
     """Issue #15's proof on SGLang 0.5.17: kernels, hyblive lossless, the Qwen3.6-27B shape's rounds."""
-    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report hybrid17",
-                                 description="hybrid GatedDeltaNet DDTree on 0.5.17 from hybrid17.sh raw results")
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report hybrid-v2",
+                                 description="hybrid GatedDeltaNet DDTree on 0.5.17 from hybrid_v2.sh raw results")
     ap.add_argument("stem", type=Path, help="writes STEM.json and STEM.md")
     ap.add_argument("raws", type=Path, nargs="+", help="TAG-raw.tgz files (or result folders); later ones win")
     ap.add_argument("--kernels", type=Path, help="tests/gpu/test_hybrid_v2_kernels_gpu.py's JSON (default: "
@@ -261,6 +262,6 @@ def main(argv: list[str]) -> int:
                "configs": {n: {k: d.get(k) for k in ("ok", "error", "startup_s", "total_s")} for n, d in rs.items()}}
     out_json, out_md = result_paths(a.stem)
     out_json.write_text(json.dumps(summary, indent=1))
-    out_md.write_text(render_hybrid17(summary))
-    print(render_hybrid17(summary))
+    out_md.write_text(render(summary))
+    print(render(summary))
     return 0

@@ -1,4 +1,5 @@
-"""The `pay` report: does DDTree pay at every batch size (issue #20), bench/results/pay-every-batch-h200.{json,md}
+"""The `speed-by-batch` report: DDTree's speed against the chain at every batch size, does it pay (issue #20),
+bench/results/speed-by-batch-h200.{json,md}
 
   RAW: TAG-raw.tgz files (or directories) of `gpu_run.sh` runs made in ONE lease, holding the `prof-*` configurations
   (the controlled acceptance profile of models/mk_profile.py) and optionally `q8b-*` ones (random weights: the cost
@@ -22,11 +23,11 @@ from pathlib import Path
 from bench.e2e.e2e_files import load_results, open_raw, result_paths
 
 
-PAY_TITLE = ("# DDTree at every batch size (H200, SGLang 0.5.17, Qwen3-8B shape + b16 DFlash drafter shape, "
+TITLE = ("# DDTree at every batch size (H200, SGLang 0.5.17, Qwen3-8B shape + b16 DFlash drafter shape, "
              "CUDA graphs)")
 
 
-def pay_label(cfg: dict) -> str:
+def config_label(cfg: dict) -> str:
     algo = cfg["algo"]
     if algo == "ar":
         return "plain"
@@ -38,7 +39,7 @@ def pay_label(cfg: dict) -> str:
     return f"ddtree-b{budget}"
 
 
-def pay_rows(res: dict) -> list[dict]:
+def speed_rows(res: dict) -> list[dict]:
     out = []
     for wl, runs in sorted(res.get("workloads", {}).items()):
         if not wl.startswith("speed-bs"):
@@ -60,8 +61,8 @@ def pay_rows(res: dict) -> list[dict]:
 def main(argv: list[str]) -> int:
     """Does DDTree pay at every batch size (issue #20): the rows of the controlled-profile and random-weight runs,
     their ratios to the chain, and the launches / host µs per round of the ``-launch`` configurations."""
-    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report pay",
-                                 description="pay-every-batch tables from gpu_run.sh raw results of one lease")
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report speed-by-batch",
+                                 description="speed-by-batch tables from gpu_run.sh raw results of one lease")
     ap.add_argument("stem", type=Path, help="writes STEM.json and STEM.md")
     ap.add_argument("raws", type=Path, nargs="+", help="TAG-raw.tgz files (or result folders)")
     ap.add_argument("--notes", type=Path, help="hand-written Markdown (the verdict, the run commands) put under the "
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
             if not res.get("ok"):
                 table[name] = {"error": res.get("error", "failed")}
                 continue
-            table[name] = {"config": res["config"], "rows": pay_rows(res)}
+            table[name] = {"config": res["config"], "rows": speed_rows(res)}
             if res.get("round_stats", {}).get("batches"):
                 round_stats[name] = res["round_stats"]
     out: dict = {"profile": profile, "controlled": [], "random_weights": [], "ratios": {}, "failed": {}}
@@ -91,16 +92,16 @@ def main(argv: list[str]) -> int:
             continue
         kind = "controlled" if t["config"]["modelset"] == "prof" else "random_weights"
         for r in t["rows"]:
-            out[kind].append({"config": pay_label(t["config"]), "name": name, **r})
+            out[kind].append({"config": config_label(t["config"]), "name": name, **r})
     by = {(r["config"], r["batch"]): r for r in out["controlled"]}
     for (cfg, bs), r in sorted(by.items()):
         chain = by.get(("chain", bs))
         if chain and cfg != "chain":
             out["ratios"].setdefault(cfg, {})[bs] = round(r["tok_s"] / chain["tok_s"], 3)
-    lines = [PAY_TITLE, ""]
+    lines = [TITLE, ""]
     if a.notes:
         lines += [a.notes.read_text().rstrip("\n"), ""]
-    lines += [f"Reproduce: `python -m bench.e2e.report pay {' '.join(argv)}`", ""]
+    lines += [f"Reproduce: `python -m bench.e2e.report speed-by-batch {' '.join(argv)}`", ""]
     if profile:
         p = ", ".join(f"{x:.4f}" for x in profile["probs"])
         ea = profile["expected_accepted"]
@@ -110,7 +111,7 @@ def main(argv: list[str]) -> int:
                   f"tokens per round: chain {1 + ea['chain']:.2f}, "
                   + ", ".join(f"{k} {1 + v:.2f}" for k, v in ea.items() if k != "chain") + ".", ""]
     schedules = sorted({str(t["config"].get("budget")) for t in table.values()
-                        if "config" in t and pay_label(t["config"]).startswith("ddtree-schedule")})
+                        if "config" in t and config_label(t["config"]).startswith("ddtree-schedule")})
     if schedules:
         out["schedules"] = schedules
         lines += [f"ddtree-schedule = `--speculative-ddtree-budget {' / '.join(schedules)}`.", ""]

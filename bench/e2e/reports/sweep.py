@@ -1,4 +1,5 @@
-"""The `sweep` report: one gpu_run.sh call on SGLang 0.5.11, bench/results/e2e-call4*.{json,md} (+ fit, round share)
+"""The `sweep` report: one gpu_run.sh call on SGLang 0.5.11: lossless, the T > 0 fit, speed and round share
+(bench/results/e2e-lossless-speed*.{json,md})
 
   FILES_DIR: what gpu_run.sh left under $OUT (TAG-raw.tgz, orchestrate-TAG.log, and for `-prof` configurations
   TAG-round-share.json). Writes RESULTS/e2e-NAME.json, e2e-NAME.md, e2e-NAME-chisq.json,
@@ -261,7 +262,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tag", default=None, help="TAG given to gpu_run.sh (default: from the *-raw.tgz name)")
     ap.add_argument("--results", type=Path, default=E2E / "results")
     ap.add_argument("--models", type=Path, default=Path("/tmp/models"), help="holds (or gets) mk_models.py's output")
-    ap.add_argument("--name", default="call4", help="results are named e2e-NAME*")
+    ap.add_argument("--name", default="lossless-speed", help="results are named e2e-NAME*")
     ap.add_argument("--no-gaps", action="store_true")
     a = ap.parse_args(argv)
     raws = sorted(a.files.glob(f"{a.tag}-raw.tgz" if a.tag else "*-raw.tgz"))
