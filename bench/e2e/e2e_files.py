@@ -2,7 +2,7 @@
 
 - A run's raw results come back from the device as a tarball (`gpu_run.sh`: TAG-raw.tgz) or sit in a directory:
   one JSON per configuration (with a "config" key), plus logs/ and sometimes models/ and prof/.
-- Every model maker reuses the tokenizer that shared/gpu-e2e/mk_models.py writes into BASEDIR/tiny-qwen3.
+- Every model maker reuses the tokenizer that models/mk_models.py writes into BASEDIR/tiny-qwen3.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def merge_raws(raws: list[Path]) -> Path:
 
 
 def copy_tokenizer(basedir: Path, *dests: Path) -> None:
-    """Copy the tokenizer of BASEDIR/tiny-qwen3 (mk_models.py's output) into each of `dests`."""
+    """Copy the tokenizer of BASEDIR/tiny-qwen3 (models/mk_models.py's output) into each of `dests`."""
     src = Path(basedir) / "tiny-qwen3"
     for f in os.listdir(src):
         if "token" in f or f.endswith(".jinja") or f == "special_tokens_map.json":

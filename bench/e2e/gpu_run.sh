@@ -48,12 +48,12 @@ fi
 # missing (idempotent on a warm machine). tiny-qwen3 is the tokenizer base of all of them.
 (
   set -e
-  [ -d $M/agree-qwen3 ] || { python3 "$B/mk_models.py" $M; python3 -m bench.e2e.models.mk_agree $M $M; }
+  [ -d $M/agree-qwen3 ] || { python3 -m bench.e2e.models.mk_models $M; python3 -m bench.e2e.models.mk_agree $M $M; }
   if needs big; then python3 -m bench.e2e.models.mk_big $M $M; fi
   # configs only (dummy weights): always rewritten, so a warm machine never serves an older config
   if needs q8b || needs q36; then python3 -m bench.e2e.models.mk_shapes $M $M; fi
   if needs prof || needs prof36; then python3 -m bench.e2e.models.mk_profile $M $M; fi
-  if needs hyb && [ ! -d $M/tiny-next ]; then python3 "$B/mk_hybrid.py" $M $M; fi
+  if needs hyb && [ ! -d $M/tiny-next ]; then python3 -m bench.e2e.models.mk_hybrid $M $M; fi
   if needs hyblive && [ ! -d $M/live-next ]; then python3 -m bench.e2e.models.mk_hybrid_live $M $M; fi
 ) >> "$OUT/setup.log" 2>&1 &
 MK=$!

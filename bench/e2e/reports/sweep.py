@@ -96,10 +96,8 @@ def tie_gaps(rs: dict, lossless: dict, raw: Path, models: Path) -> dict:
     if not cases:
         return {"cases": []}
     if not (models / "tiny-qwen3").exists():
-        mk = E2E.parent / ".e2e" / "mk_models.py"
-        if not mk.exists():
-            mk = E2E.parent.parent / "shared" / "gpu-e2e" / "mk_models.py"
-        subprocess.run([sys.executable, str(mk), str(models)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_models", str(models)], check=True,
+                       capture_output=True, cwd=E2E.parent.parent)
     stamp = json.loads((raw / "models" / "big-qwen3" / "mk_big.json").read_text())
     p = stamp["params"]
     rec = mk_big.build(Path(tempfile.mkdtemp()), models, beta=p["beta"], lm_std=p["lm_std"], seed=p["seed"])
@@ -261,7 +259,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("files", type=Path)
     ap.add_argument("--tag", default=None, help="TAG given to gpu_run.sh (default: from the *-raw.tgz name)")
     ap.add_argument("--results", type=Path, default=E2E / "results")
-    ap.add_argument("--models", type=Path, default=Path("/tmp/models"), help="holds (or gets) mk_models.py's output")
+    ap.add_argument("--models", type=Path, default=Path("/tmp/models"),
+                    help="holds (or gets) models/mk_models.py's output")
     ap.add_argument("--name", default="lossless-speed", help="results are named e2e-NAME*")
     ap.add_argument("--no-gaps", action="store_true")
     a = ap.parse_args(argv)
