@@ -82,49 +82,27 @@ FILES = {
             return torch.ceil(x)
         """,
 }
-# 0.5.11 since its DDTree modules are vendored (patches/ddtree/spec-v1/): the verify input and the worker's step that
-# builds it live in ddtree_info.py, which the worker calls; FILES above is the layout the recorded traces have (the
-# verify input inside dflash_info.py, the step a method of the worker). Both must classify alike.
-FILES_VENDORED = {k: v for k, v in FILES.items() if k not in ("sglang/srt/speculative/dflash_info.py",
-                                                                  "sglang/srt/speculative/dflash_worker.py")}
-FILES_VENDORED.update({
-    "sglang/srt/speculative/ddtree_info.py": """
-        from sglang.srt.speculative import ddtree_verify as dv
-        from sglang.srt.speculative.ddtree import tree, verify as tv, walk
-        def prepare_for_verify(x):
-            torch.abs(x)
-            return dv.build_ddtree_verify_mask(x)
-        def verify(x):
-            dv.sample_target_tokens_per_node(x)
-            walk.accept_walk(x)
-            dv.accepted_kv_and_hidden_index(x)
-            return torch.neg(x)
-        def prepare_ddtree_verify(x):
-            torch.sqrt(x)
-            dv.ddtree_draft_topk(x)
-            tree.build_tree(x)
-            tv.build_verify_inputs(x)
-            return prepare_for_verify(x)
-        """,
-    "sglang/srt/speculative/dflash_worker.py": """
-        from sglang.srt.managers import tp_worker
-        from sglang.srt.model_executor import model_runner
-        from sglang.srt.speculative import ddtree_info
-        def _prepare_for_speculative_decoding(x):
-            model_runner.forward(x, True)
-            return ddtree_info.prepare_ddtree_verify(x)
-        def _append_target_hidden_to_draft_kv(x):
-            return torch.log1p(x)
-        def forward_batch_generation(x, prefill=False):
-            if prefill:
-                return tp_worker.forward_batch_generation(x, prefill=True)
-            _prepare_for_speculative_decoding(x)
-            tp_worker.forward_batch_generation(x)
-            ddtree_info.verify(x)
-            _append_target_hidden_to_draft_kv(x)
-            return torch.ceil(x)
-        """,
-})
+
+def vendored_layout(files: dict) -> dict:
+    """The same 0.5.11 round as the overlay lays it out since its DDTree modules are vendored (patches/ddtree/spec-v1/):
+    the verify input's methods and the worker's step that builds it in ddtree_info.py, which the worker calls. FILES
+    is the layout the recorded traces have (the verify input inside dflash_info.py, the step a method of the worker);
+    both must classify alike."""
+    info, worker = "sglang/srt/speculative/dflash_info.py", "sglang/srt/speculative/dflash_worker.py"
+    w = textwrap.dedent(files[worker])
+    step = w[w.index("def _prepare_ddtree_verify"):w.index("def _prepare_for_speculative_decoding")]
+    out = {k: v for k, v in files.items() if k not in (info, worker)}
+    out["sglang/srt/speculative/ddtree_info.py"] = (
+        textwrap.dedent(files[info]) + "from sglang.srt.speculative.ddtree import tree, verify as tv\n"
+        + step.replace("def _prepare_ddtree_verify", "def prepare_ddtree_verify")
+        .replace("dflash_info.prepare_for_verify", "prepare_for_verify"))
+    out[worker] = (w.replace(step, "").replace("dflash_info, ddtree_verify as dv", "ddtree_info")
+                   .replace("return _prepare_ddtree_verify(x)", "return ddtree_info.prepare_ddtree_verify(x)")
+                   .replace("dflash_info.verify(x)", "ddtree_info.verify(x)"))
+    assert "dflash_info" not in "".join(out.values()) and "_prepare_ddtree_verify" not in "".join(out.values())
+    return out
+
+
 # leaf aten op -> (category, kernel name, duration us, kernels per launch)
 OPS = {
     "aten::topk": ("draft_topk", "_chunk_topk_kernel", 3.0, 1),
@@ -293,7 +271,7 @@ def _profiled(tmp_path_factory, files: dict, worker_module: str, ops_table: dict
 @pytest.fixture(scope="module", params=["vendored", "recorded"])
 def trace(request, tmp_path_factory) -> list[dict]:
     """A 0.5.11 round as the overlay lays it out now (spec-v1 vendored) and as the committed traces recorded it."""
-    files = FILES_VENDORED if request.param == "vendored" else FILES
+    files = vendored_layout(FILES) if request.param == "vendored" else FILES
     return _profiled(tmp_path_factory, files, "sglang.srt.speculative.dflash_worker", OPS)
 
 

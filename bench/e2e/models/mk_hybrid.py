@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, Qwen3NextConfig, Qwen3NextForCausalLM
 
-from bench.e2e.models.mk_models import _ones, _randn
+from bench.e2e.models.mk_models import draft_weights
 
 
 def main(argv: list[str]) -> int:
@@ -52,14 +52,7 @@ def main(argv: list[str]) -> int:
                             "mask_token_id": mask_id})
     with open(os.path.join(drf, "config.json"), "w") as fh:
         json.dump(d, fh, indent=1)
-    r, one = _randn, _ones
-    w = {"layers.0.self_attn.q_proj.weight": r(nq * Dh, H), "layers.0.self_attn.k_proj.weight": r(nkv * Dh, H),
-         "layers.0.self_attn.v_proj.weight": r(nkv * Dh, H), "layers.0.self_attn.o_proj.weight": r(H, nq * Dh),
-         "layers.0.self_attn.q_norm.weight": one(Dh), "layers.0.self_attn.k_norm.weight": one(Dh),
-         "layers.0.mlp.gate_proj.weight": r(I, H), "layers.0.mlp.up_proj.weight": r(I, H),
-         "layers.0.mlp.down_proj.weight": r(H, I),
-         "layers.0.input_layernorm.weight": one(H), "layers.0.post_attention_layernorm.weight": one(H),
-         "norm.weight": one(H), "fc.weight": r(H, K * H), "hidden_norm.weight": one(H)}
+    w = draft_weights(H=H, I=I, Dh=Dh, nq=nq, nkv=nkv, K=K)
     save_file(w, os.path.join(drf, "model.safetensors"), metadata={"format": "pt"})
     print("ok", tgt, drf)
     return 0

@@ -21,12 +21,22 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _randn(*shape: int) -> torch.Tensor:
-    return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
+def draft_weights(H: int, I: int, Dh: int, nq: int, nkv: int, K: int) -> dict[str, torch.Tensor]:  # noqa: E741
+    """A random 1-layer DFlash drafter's weights (bfloat16, N(0, 0.02) drawn from torch's global generator in this
+    order): hidden H, MLP I, head dim Dh, nq query / nkv key-value heads, fc over K target layers."""
+    def r(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
 
+    def one(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
 
-def _ones(n: int) -> torch.Tensor:
-    return torch.ones(n, dtype=torch.bfloat16)
+    return {"layers.0.self_attn.q_proj.weight": r(nq * Dh, H), "layers.0.self_attn.k_proj.weight": r(nkv * Dh, H),
+            "layers.0.self_attn.v_proj.weight": r(nkv * Dh, H), "layers.0.self_attn.o_proj.weight": r(H, nq * Dh),
+            "layers.0.self_attn.q_norm.weight": one(Dh), "layers.0.self_attn.k_norm.weight": one(Dh),
+            "layers.0.mlp.gate_proj.weight": r(I, H), "layers.0.mlp.up_proj.weight": r(I, H),
+            "layers.0.mlp.down_proj.weight": r(H, I),
+            "layers.0.input_layernorm.weight": one(H), "layers.0.post_attention_layernorm.weight": one(H),
+            "norm.weight": one(H), "fc.weight": r(H, K * H), "hidden_norm.weight": one(H)}
 
 
 def main(argv: list[str]) -> int:
@@ -65,15 +75,7 @@ def main(argv: list[str]) -> int:
                             "mask_token_id": mask_id})
     with open(os.path.join(drf, "config.json"), "w") as fh:
         json.dump(d, fh, indent=1)
-    H, I, Dh, nq, nkv, K = 64, 128, 16, 4, 2, 2  # noqa: E741 (the layer shapes' usual letters)
-    r, one = _randn, _ones
-    w = {"layers.0.self_attn.q_proj.weight": r(nq * Dh, H), "layers.0.self_attn.k_proj.weight": r(nkv * Dh, H),
-         "layers.0.self_attn.v_proj.weight": r(nkv * Dh, H), "layers.0.self_attn.o_proj.weight": r(H, nq * Dh),
-         "layers.0.self_attn.q_norm.weight": one(Dh), "layers.0.self_attn.k_norm.weight": one(Dh),
-         "layers.0.mlp.gate_proj.weight": r(I, H), "layers.0.mlp.up_proj.weight": r(I, H),
-         "layers.0.mlp.down_proj.weight": r(H, I),
-         "layers.0.input_layernorm.weight": one(H), "layers.0.post_attention_layernorm.weight": one(H),
-         "norm.weight": one(H), "fc.weight": r(H, K * H), "hidden_norm.weight": one(H)}
+    w = draft_weights(H=64, I=128, Dh=16, nq=4, nkv=2, K=2)
     save_file(w, os.path.join(drf, "model.safetensors"), metadata={"format": "pt"})
     print("ok", tgt, drf, "mask_id", mask_id, sorted(os.listdir(tgt)), sorted(os.listdir(drf)))
     return 0

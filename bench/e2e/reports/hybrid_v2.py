@@ -21,13 +21,13 @@ Sections:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
 
 from bench.e2e import driver, gdn_share
 from bench.e2e.e2e_files import load_results, merge_raws, result_paths
+from bench.e2e.reports import stem_and_raws
 
 
 H17_BATCHES = (1, 4, 16)
@@ -248,10 +248,8 @@ def render(s: dict) -> str:
 
 def main(argv: list[str]) -> int:
     """Issue #15's proof on SGLang 0.5.17: kernels, hyblive lossless, the Qwen3.6-27B shape's rounds."""
-    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report hybrid-v2",
-                                 description="hybrid GatedDeltaNet DDTree on 0.5.17 from hybrid_v2.sh raw results")
-    ap.add_argument("stem", type=Path, help="writes STEM.json and STEM.md")
-    ap.add_argument("raws", type=Path, nargs="+", help="TAG-raw.tgz files (or result folders); later ones win")
+    ap = stem_and_raws("hybrid-v2", "hybrid GatedDeltaNet DDTree on 0.5.17 from hybrid_v2.sh raw results",
+                       "TAG-raw.tgz files (or result folders); later ones win")
     ap.add_argument("--kernels", type=Path, help="tests/gpu/test_hybrid_v2_kernels_gpu.py's JSON (default: "
                     "hybrid_v2_kernels.json beside the first RAW)")
     a = ap.parse_args(argv)

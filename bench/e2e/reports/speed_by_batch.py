@@ -15,12 +15,12 @@ kind of run (controlled / random weights).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 from bench.e2e.e2e_files import load_results, open_raw, result_paths
+from bench.e2e.reports import stem_and_raws
 
 
 TITLE = ("# DDTree at every batch size (H200, SGLang 0.5.17, Qwen3-8B shape + b16 DFlash drafter shape, "
@@ -61,10 +61,8 @@ def speed_rows(res: dict) -> list[dict]:
 def main(argv: list[str]) -> int:
     """Does DDTree pay at every batch size (issue #20): the rows of the controlled-profile and random-weight runs,
     their ratios to the chain, and the launches / host µs per round of the ``-launch`` configurations."""
-    ap = argparse.ArgumentParser(prog="python -m bench.e2e.report speed-by-batch",
-                                 description="speed-by-batch tables from gpu_run.sh raw results of one lease")
-    ap.add_argument("stem", type=Path, help="writes STEM.json and STEM.md")
-    ap.add_argument("raws", type=Path, nargs="+", help="TAG-raw.tgz files (or result folders)")
+    ap = stem_and_raws("speed-by-batch", "speed-by-batch tables from gpu_run.sh raw results of one lease",
+                       "TAG-raw.tgz files (or result folders)")
     ap.add_argument("--notes", type=Path, help="hand-written Markdown (the verdict, the run commands) put under the "
                     "title as it is")
     ap.add_argument("--related", nargs=2, action="append", default=[], metavar=("KEY", "FILE"),

@@ -31,6 +31,18 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func
 
 
+def _map_slots(batch: ScheduleBatch, end_offset: torch.Tensor, bs: int) -> None:
+    """Point req_to_token[seq_len : end_offset] of each request at batch.out_cache_loc, in order."""
+    assign_req_to_token_pool_func(
+        batch.req_pool_indices,
+        batch.req_to_token_pool.req_to_token,
+        batch.seq_lens,
+        end_offset,
+        batch.out_cache_loc,
+        bs,
+    )
+
+
 @dataclass
 class DDTreeVerifyInput(DFlashVerifyInput):
     """Target verify of a DDTree draft tree (DFLASH + --speculative-ddtree-budget).
@@ -71,14 +83,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         batch.out_cache_loc = alloc_token_slots(batch.tree_cache, len(batch.input_ids))
         end_offset = batch.seq_lens + self.draft_token_num
         bs = batch.batch_size()
-        assign_req_to_token_pool_func(
-            batch.req_pool_indices,
-            batch.req_to_token_pool.req_to_token,
-            batch.seq_lens,
-            end_offset,
-            batch.out_cache_loc,
-            bs,
-        )
+        _map_slots(batch, end_offset, bs)
         seq_lens_cpu = batch.seq_lens_cpu[:bs]
         self.custom_mask = build_ddtree_verify_mask(
             self.tree_mask,
@@ -190,14 +195,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             req.kv_allocated_len = req.kv_committed_len
 
         end_offset = batch.seq_lens + commit_lens.to(batch.seq_lens.dtype)
-        assign_req_to_token_pool_func(
-            batch.req_pool_indices,
-            batch.req_to_token_pool.req_to_token,
-            batch.seq_lens,
-            end_offset,
-            batch.out_cache_loc,
-            bs,
-        )
+        _map_slots(batch, end_offset, bs)
         batch.seq_lens.add_(commit_lens.to(batch.seq_lens.dtype))
         batch.seq_lens_cpu.add_(
             torch.tensor(commit_lens_cpu, dtype=batch.seq_lens_cpu.dtype)
