@@ -9,12 +9,12 @@ Sub-commands
   report OUTDIR RESULT     compare every configuration with its autoregressive baseline, write RESULT.json/.md
 
 Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-launch]:
-  MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
+  MODELSET  rand  : models/mk_models.py (random target + random DFlash drafter, block size 4)
             agree : bench/e2e/models/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
             big   : bench/e2e/models/mk_big.py (random target with hidden 1024 / 8 layers and LM-head rows of spread norms,
                     random DFlash drafter reading layers [1, 5], block size 4)
-            hyb   : shared/gpu-e2e/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
+            hyb   : models/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
             hyblive: bench/e2e/models/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
