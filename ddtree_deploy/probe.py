@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .baseline import baseline_path
+from .hoststate import HostLayout
 from .ddtree_stats import ddtree_summary
 from .errors import ConnectionCut, DeployError, RemoteError, TransportError, is_cut
 from .inventory import Host, probe_setting
@@ -79,7 +79,7 @@ class ProbeResult:
 def expected_sglang_dir(host: Host, release: str | None) -> str:
     if release is None:
         return posixpath.join(host.site_packages, "sglang")
-    return posixpath.join(host.release_root, "releases", release, "sglang")
+    return HostLayout.of(host).release_package(release)
 
 
 def _pid_source(host: Host) -> dict[str, Any]:
@@ -218,7 +218,7 @@ class Prober:
             prompts = list(probe_setting(self.host, "prompts") or [])
             gen_budget = float(probe_setting(self.host, "generation_timeout"))
             then = {"base_url": base_url(self.host), "prompts": prompts, "max_new_tokens": int(probe_setting(self.host, "max_new_tokens")),
-                    "budget": gen_budget, "baseline_path": baseline_path(self.host)} if prompts and self._prefetch else None
+                    "budget": gen_budget, "baseline_path": HostLayout.of(self.host).baseline} if prompts and self._prefetch else None
             stall = float(probe_setting(self.host, "startup_stall_timeout"))
             got = self._call("wait_ready", budget + (gen_budget if then else 0.0), pid_source=_pid_source(self.host),
                              log_source=_log_source(self.host), url=url, budget=budget, poll=0.1, then_generate=then,
@@ -298,7 +298,7 @@ class Prober:
             try:
                 got = self._call("generate", budget, url=base_url(self.host), prompts=prompts,
                                  max_new_tokens=int(probe_setting(self.host, "max_new_tokens")), budget=budget,
-                                 baseline_path=baseline_path(self.host))
+                                 baseline_path=HostLayout.of(self.host).baseline)
             except DeployError as exc:
                 if isinstance(exc, ConnectionCut):
                     raise
@@ -307,7 +307,7 @@ class Prober:
         self._replies = replies
         if baseline is None:
             return Stage("generation", "skip", time.monotonic() - t0,
-                         f"no baseline recorded at {baseline_path(self.host)} (run `ddtree-deploy probe {self.host.name} --record-baseline`)")
+                         f"no baseline recorded at {HostLayout.of(self.host).baseline} (run `ddtree-deploy probe {self.host.name} --record-baseline`)")
         if baseline.get("prompts") != prompts or baseline.get("max_new_tokens") != int(probe_setting(self.host, "max_new_tokens")):
             return Stage("generation", "fail", time.monotonic() - t0,
                          "the recorded baseline was made with other prompts or max_new_tokens than the host file now has; "

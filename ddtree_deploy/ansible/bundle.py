@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
-from ..baseline import baseline_path
+from ..hoststate import HostLayout
 from ..errors import AbiIncompatible, InputError
 from ..inventory import Host, probe_setting, server_setting
 from ..overlay import Overlay
@@ -33,7 +33,7 @@ def host_plan(host: Host, overlay: Overlay | None = None, *, base_hashes: dict[s
     """Everything the host side needs, from the host file (settings through server_setting / probe_setting, so the
     defaults are the schema's) and the overlay (its files and hashes; the bytes travel beside it)."""
     probe: dict[str, Any] = {k: probe_setting(host, k) for k in _PROBE_KEYS}
-    probe.update(env=server_env(host), base_url=base_url(host), baseline_path=baseline_path(host),
+    probe.update(env=server_env(host), base_url=base_url(host), baseline_path=HostLayout.of(host).baseline,
                  health_url=base_url(host) + str(probe_setting(host, "health_path")))
     if server_kind(host) != "none":
         probe.update(pid_source=_pid_source(host), log_source=_log_source(host))
