@@ -30,68 +30,41 @@ if TYPE_CHECKING:
 NOT_GOOD = ("bad", "interrupted")
 
 
+def _under_root(*parts: str) -> property:
+    """A path of the layout: ``parts`` joined under the release root."""
+    return property(lambda self: posixpath.join(self.root, *parts))
+
+
 @dataclass(frozen=True)
 class HostLayout:
-    """The paths under one release root (POSIX paths on the host)."""
+    """The paths under one release root (POSIX paths on the host), one line each."""
 
     root: str
+
+    state = _under_root("state.json")
+    journal = _under_root("journal.log")
+    current = _under_root("current")
+    #: where ``current`` points when no overlay is active (an empty directory: the installed package wins)
+    base = _under_root("base")
+    lock = _under_root("lock")
+    baseline = _under_root("probe-baseline.json")
+    server = _under_root("server")
+    server_log = _under_root("server", "server.log")
+    server_pid = _under_root("server", "server.pid")
+    launch_record = _under_root("server", "launch.json")
 
     @classmethod
     def of(cls, host: "Host") -> "HostLayout":
         return cls(host.release_root)
 
-    def _at(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
-
-    @property
-    def state(self) -> str:
-        return self._at("state.json")
-
-    @property
-    def journal(self) -> str:
-        return self._at("journal.log")
-
-    @property
-    def current(self) -> str:
-        return self._at("current")
-
-    @property
-    def base(self) -> str:
-        """Where ``current`` points when no overlay is active (an empty directory: the installed package wins)."""
-        return self._at("base")
-
-    @property
-    def lock(self) -> str:
-        return self._at("lock")
-
-    @property
-    def baseline(self) -> str:
-        return self._at("probe-baseline.json")
-
-    @property
-    def server(self) -> str:
-        return self._at("server")
-
-    @property
-    def server_log(self) -> str:
-        return self._at("server", "server.log")
-
-    @property
-    def server_pid(self) -> str:
-        return self._at("server", "server.pid")
-
-    @property
-    def launch_record(self) -> str:
-        return self._at("server", "launch.json")
-
     def release(self, release_id: str) -> str:
-        return self._at("releases", release_id)
+        return posixpath.join(self.root, "releases", release_id)
 
     def release_package(self, release_id: str, package: str = "sglang") -> str:
-        return self._at("releases", release_id, package)
+        return posixpath.join(self.root, "releases", release_id, package)
 
     def staging(self, run_id: str) -> str:
-        return self._at("staging", run_id)
+        return posixpath.join(self.root, "staging", run_id)
 
 
 @dataclass(frozen=True)
