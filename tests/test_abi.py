@@ -243,23 +243,27 @@ def test_stack_table_is_read_from_the_patch_set_folders(tmp_path: Path, monkeypa
     """Every release with a folder has its row, from that folder's ``stack:``; a folder added under the patches
     root in use (a new base, ported) gives its release a row with no edit of the tool; a release with no folder has
     none, and is judged by the host's own METADATA pins alone."""
+    from packaging.version import Version
+
     table = abi.stack_table()
-    folders = sorted(p.name.split("-", 1)[1] for p in (REPO / "patches" / "ddtree").glob("sglang-*"))
-    assert sorted(table) == folders
+    folders = sorted((p.name.split("-", 1)[1] for p in (REPO / "patches" / "ddtree").glob("sglang-*")), key=Version)
+    assert list(table) == folders, "a row per folder, oldest first"
     assert table["0.5.17"] == abi.Stack("2.11.0", "0.4.5", "0.6.15.post1", "3.10", None)
     assert table["0.5.22"] == abi.Stack("2.14.1", "0.4.9", "0.7.1", "3.11", 13)
-    assert "0.5.24" not in table
-    new = tmp_path / "patches" / "ddtree" / "sglang-0.5.24"
+    newest = Version(folders[-1])
+    later = f"{newest.major}.{newest.minor}.{newest.micro + 1}"  # a release after every folder there is
+    assert later not in table
+    new = tmp_path / "patches" / "ddtree" / f"sglang-{later}"
     new.mkdir(parents=True)
-    text = (REPO / "patches" / "ddtree" / "sglang-0.5.23" / "patchset.yaml").read_text()
-    (new / "patchset.yaml").write_text(text.replace("0.5.23", "0.5.24").replace('"3.11"', '"3.12"'))
+    text = (REPO / "patches" / "ddtree" / f"sglang-{folders[-1]}" / "patchset.yaml").read_text()
+    (new / "patchset.yaml").write_text(text.replace(folders[-1], later).replace('python: "3.11"', 'python: "3.12"'))
     monkeypatch.setenv("DDTREE_PATCHES", str(tmp_path / "patches"))
     table = abi.stack_table()
-    assert table["0.5.24"].python_min == "3.12" and table["0.5.23"] == abi.Stack("2.14.1", "0.4.10", "0.7.2", "3.11", 13)
-    facts = stack("0.5.23", torch="2.14.1", kernel="0.4.10", flashinfer="0.7.2", packages__sglang__version="0.5.24",
+    assert table[later].python_min == "3.12" and table["0.5.23"] == abi.Stack("2.14.1", "0.4.10", "0.7.2", "3.11", 13)
+    facts = stack("0.5.23", torch="2.14.1", kernel="0.4.10", flashinfer="0.7.2", packages__sglang__version=later,
                   python="3.11.7")
     [floor] = abi.rule_python_floor("h", facts)
-    assert floor.rule == "python-floor" and "sglang 0.5.24 needs Python >= 3.12" in floor.what
+    assert floor.rule == "python-floor" and f"sglang {later} needs Python >= 3.12" in floor.what
 
 
 @pytest.mark.parametrize("case,rule,facts,expected", HOST_CASES, ids=[c[0] for c in HOST_CASES])

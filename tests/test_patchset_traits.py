@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import spec_v2_tables
+from packaging.version import Version
 
 from ddtree_deploy.errors import EXIT_USAGE, InputError
 from ddtree_deploy.patchset import load_patchset
@@ -27,13 +28,14 @@ bases = spec_v2_tables.load("bases")
 
 
 def _spec_v2_folders() -> list[str]:
-    return sorted(p.parent.name.split("-", 1)[1] for p in DDTREE.glob("sglang-*/patchset.yaml")
-                  if "../spec-v2" in p.read_text())
+    """The spec-v2 bases with a folder, oldest first."""
+    return sorted((p.parent.name.split("-", 1)[1] for p in DDTREE.glob("sglang-*/patchset.yaml")
+                   if "../spec-v2" in p.read_text()), key=Version)
 
 
 def test_every_spec_v2_base_has_its_traits_in_its_folder():
     rows = family_traits(DDTREE, TABLE)
-    assert sorted(rows) == _spec_v2_folders() and list(rows) == sorted(rows, key=lambda v: tuple(map(int, v.split("."))))
+    assert list(rows) == _spec_v2_folders(), "every spec-v2 folder, oldest first"
     table = bases.table(rows, str(DDTREE))  # every row of the kinds bases.py reads
     assert table["0.5.14"] == bases.Base(draft_width="copy", tree_in_graph=False, grammar=False, schedule=False,
                                          hybrid=False, flashinfer=True)
@@ -58,8 +60,9 @@ def test_the_overlay_carries_every_bases_traits_and_bases_py_reads_them(tmp_path
     try:
         mod = importlib.import_module("ddtree_v2_overlay_t.bases")
         as_dicts = lambda table: {v: asdict(b) for v, b in table.items()}  # noqa: E731 (two loads, two classes)
-        assert as_dicts(mod.BASES) == as_dicts(spec_v2_tables.bases_table()) and list(mod.BASES)[-1] == "0.5.23"
-        assert mod.with_trait("schedule") == tuple(v for v in mod.BASES if v >= "0.5.17")
+        assert as_dicts(mod.BASES) == as_dicts(spec_v2_tables.bases_table())
+        assert list(mod.BASES) == _spec_v2_folders(), "every base, oldest first"
+        assert mod.with_trait("schedule") == tuple(v for v in mod.BASES if Version(v) >= Version("0.5.17"))
         assert not mod.BASES["0.5.22"].flashinfer and mod.BASES["0.5.21"].flashinfer
         (pkg / "bases.json").write_text(json.dumps({**data, "format": 2}))
         with pytest.raises(ValueError, match=r"bases.json: not a bases table of format 1"):
