@@ -6,7 +6,7 @@ Shapes per GDN layer at TP 1: 16 key heads, 48 value heads, K = V = 128; bf16 ac
 (a real tree from the runtime's builder, depth <= 15). Per (batch, N1, tree): median microseconds of CUDA-graph
 replays (``triton.testing.do_bench_cudagraph``) of the verify kernel and of the commit (all of one layer), and the
 bytes each form keeps per node. A kernel-level diagnostic, not a speed claim: the claims are the whole-round
-tables of bench/e2e (hybrid17.sh), which time the real server. ``--dry`` runs tiny shapes through the CPU
+tables of bench/e2e (hybrid_v2.sh), which time the real server. ``--dry`` runs tiny shapes through the CPU
 interpreter (checks the script only).
 
 Usage: python bench/bench_gdn_chunk.py [--out DIR] [--dry]   (writes DIR/gdn-chunk-<device>.{json,md})

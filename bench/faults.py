@@ -219,8 +219,8 @@ class FaultBench:
     def _variant(self, name: str, code: str) -> Path:
         dest = self.work / "patches" / name
         if not dest.exists():
-            shutil.copytree(REPO / "patches" / "ddtree" / "runtime", dest / "runtime")
-            shutil.copytree(REPO / "patches" / "ddtree" / "sglang-0.5.11", dest / "sglang-0.5.11")
+            for folder in ("runtime", "spec-v1", "sglang-0.5.11"):  # the series and what it vendors
+                shutil.copytree(REPO / "patches" / "ddtree" / folder, dest / folder)
             init = dest / "runtime" / "__init__.py"
             init.write_text(init.read_text() + "\n" + code)
             if name in STANDIN_MODES:

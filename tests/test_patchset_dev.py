@@ -205,8 +205,9 @@ DDTREE_0511 = PATCHSETS.parent.parent / "patches" / "ddtree" / "sglang-0.5.11"
 def test_real_ddtree_series_round_trips(wheel_011: WheelBase, tmp_path: Path, work_root: Path) -> None:
     """The DDTree series (mail-style patches with From:/Subject: headers) opens and refreshes to the same overlay."""
     shutil.copytree(DDTREE_0511, tmp_path / "ddtree" / "sglang-0.5.11")
-    shutil.copytree(DDTREE_0511.parent / "runtime", tmp_path / "ddtree" / "runtime",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for vendored in ("runtime", "spec-v1"):
+        shutil.copytree(DDTREE_0511.parent / vendored, tmp_path / "ddtree" / vendored,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     ps = load_patchset(tmp_path / "ddtree" / "sglang-0.5.11")
     original = build_overlay(ps, wheel_011)
     tree = make_dev_tree(ps, wheel_011, work_root / "work")

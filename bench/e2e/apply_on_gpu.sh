@@ -38,7 +38,7 @@ if [ "$SERVER" = refengine ]; then
   CMD='{python} -m ddtree_refengine --host {host} --port {port} {ddtree_flags}'
   FLAGS='--speculative-algorithm DFLASH --speculative-ddtree-budget 15'
 else
-  python3 "$B/mk_models.py" $MODELS > "$W/models.log" 2>&1 && python3 -m bench.e2e.models.mk_agree $MODELS $MODELS >> "$W/models.log" 2>&1 || { tail "$W/models.log"; exit 2; }
+  python3 -m bench.e2e.models.mk_models $MODELS > "$W/models.log" 2>&1 && python3 -m bench.e2e.models.mk_agree $MODELS $MODELS >> "$W/models.log" 2>&1 || { tail "$W/models.log"; exit 2; }
   CMD="{python} -m sglang.launch_server --model-path $MODELS/agree-qwen3 --attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static ${APPLY_MEM_FRACTION:-0.25} --mm-feature-transport cpu --cuda-graph-max-bs-decode 8 --host {host} --port {port} {ddtree_flags}"
   FLAGS="--speculative-algorithm DFLASH --speculative-draft-model-path $MODELS/agree-dflash --speculative-draft-attention-backend triton --speculative-ddtree-budget 15"
 fi

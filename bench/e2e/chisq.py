@@ -2,7 +2,7 @@
 
 Usage: python -m bench.e2e.chisq RAW_DIR_OR_TGZ [AGREE_TARGET_DIR] OUT_JSON
   Without AGREE_TARGET_DIR the weights come from the raw folder's models/agree-qwen3 (gpu_run.sh puts the served
-  files there since call 4); older tarballs need the folder rebuilt with mk_models.py + models/mk_agree.py.
+  files there since call 4); older tarballs need the folder rebuilt with models/mk_models.py + models/mk_agree.py.
 
 The agree target (bench/e2e/models/mk_agree.py) is exactly first order: o_proj and down_proj are zero, so the logits at
 every step are W_lm . rmsnorm(E[previous token]) and the next-token law p(. | prev) is known in closed form from the

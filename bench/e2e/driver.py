@@ -9,12 +9,12 @@ Sub-commands
   report OUTDIR RESULT     compare every configuration with its autoregressive baseline, write RESULT.json/.md
 
 Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-launch]:
-  MODELSET  rand  : shared/gpu-e2e/mk_models.py (random target + random DFlash drafter, block size 4)
+  MODELSET  rand  : models/mk_models.py (random target + random DFlash drafter, block size 4)
             agree : bench/e2e/models/mk_agree.py (target with a known greedy cycle, drafter that ranks the right token
                     in its top 4 at every depth; block size 8)
             big   : bench/e2e/models/mk_big.py (random target with hidden 1024 / 8 layers and LM-head rows of spread norms,
                     random DFlash drafter reading layers [1, 5], block size 4)
-            hyb   : shared/gpu-e2e/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
+            hyb   : models/mk_hybrid.py (random Qwen3-Next hybrid: 3 GatedDeltaNet + 1 attention layer, MoE)
             hyblive: bench/e2e/models/mk_hybrid_live.py (the same architecture; the target only ever emits a few "live"
                     tokens, chosen by its context through the GatedDeltaNet layers, and the drafter's top-k covers
                     them, so DDTree accepts deep branches and the committed recurrent state decides later tokens)
@@ -40,6 +40,8 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             form plain decoding through DDTree's kernels (`ard`) is bit-identical to (default: the chunk form)
   -x3       (ddtree on hybrids) DDTREE_GDN_CHUNK=prec=tf32x3: the chunk-form verify's dots as three TF32 products
             on tensor cores (default: float32 FMA)
+  -tattn    (ddtree, spec-v2, triton) DDTREE_VERIFY_ATTN=ddtree: the target's tree-verify attention through DDTree's
+            kernel (runtime/tree_attn*.py) instead of SGLang's extend kernel with a custom mask
   -pN       pass N of a configuration measured more than once in a lease (interleaved with the others; the
             report merges the passes' speed runs and shows each pass's median)
   -stock    SGLang as installed: the DDTree overlay left off the path (with DDTree off, the patched engine must equal
@@ -124,6 +126,8 @@ def parse(name: str) -> dict:
             cfg["gdn_verify"] = "recurrent"
         elif p == "x3":  # DDTREE_GDN_CHUNK=prec=tf32x3: the chunk-form GDN verify's dots on tensor cores (3 x TF32)
             cfg["gdn_chunk"] = "prec=tf32x3"
+        elif p == "tattn":  # DDTREE_VERIFY_ATTN=ddtree: tree verifies through DDTree's attention kernel
+            cfg["verify_attn"] = "ddtree"
         elif p == "sync":  # DDTREE_SYNC_CHECK=1: log every host-synchronising CUDA call of a DDTree round
             cfg["sync_check"] = True
         elif p == "prof":
@@ -500,6 +504,8 @@ def config_env(cfg: dict, outdir: Path | None = None) -> dict:
         env["DDTREE_GDN_VERIFY"] = cfg["gdn_verify"]
     if cfg.get("gdn_chunk"):
         env["DDTREE_GDN_CHUNK"] = cfg["gdn_chunk"]
+    if cfg.get("verify_attn"):
+        env["DDTREE_VERIFY_ATTN"] = cfg["verify_attn"]
     hooks = []
     if cfg["algo"] in ("arv", "ard"):
         hooks.append(str(Path(__file__).resolve().parent / "gdn_unpacked_decode"))

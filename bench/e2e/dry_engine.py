@@ -167,16 +167,16 @@ class DryEngine:
 ROUND = ("sglang/srt/speculative/dflash_worker.py(1234): forward_batch_generation", [
     ("sglang/srt/speculative/dflash_worker.py(565): _prepare_for_speculative_decoding", [
         ("sglang/srt/model_executor/model_runner.py(2400): forward", [], [("draft_graph_kernel", 40.0)]),
-        ("sglang/srt/speculative/dflash_worker.py(753): _prepare_ddtree_verify", [
+        ("sglang/srt/speculative/ddtree_info.py(223): prepare_ddtree_verify", [
             ("sglang/srt/speculative/ddtree_verify.py(69): ddtree_draft_topk", [], [("_chunk_topk_kernel", 6.0)]),
             ("sglang/srt/speculative/ddtree/tree.py(30): build_tree", [], [("_build_tree_kernel", 9.0)]),
             ("sglang/srt/speculative/ddtree/verify.py(20): build_verify_inputs", [], [("_verify_kernel", 4.0)]),
-            ("sglang/srt/speculative/dflash_info.py(527): prepare_for_verify", [
+            ("sglang/srt/speculative/ddtree_info.py(69): prepare_for_verify", [
                 ("sglang/srt/speculative/ddtree_verify.py(249): build_ddtree_verify_mask", [],
                  [("_ddtree_expand_mask_kernel", 3.0)])], [("index_kernel", 2.0)])], [])], []),
     ("sglang/srt/managers/tp_worker.py(300): forward_batch_generation", [
         ("sglang/srt/model_executor/model_runner.py(2400): forward", [], [("target_graph_kernel", 120.0)])], []),
-    ("sglang/srt/speculative/dflash_info.py(562): verify", [
+    ("sglang/srt/speculative/ddtree_info.py(95): verify", [
         ("sglang/srt/speculative/ddtree_verify.py(264): sample_target_tokens_per_node", [], [("argmax_kernel", 5.0)]),
         ("sglang/srt/speculative/ddtree/walk.py(12): accept_walk", [], [("_walk_kernel", 4.0)]),
         ("sglang/srt/speculative/ddtree_verify.py(296): accepted_kv_and_hidden_index", [],

@@ -15,7 +15,7 @@
 # TAG.md, TAG-raw.tgz (results, logs, the agree target's weights), and for `-prof` configurations
 # TAG-round-share.json (python -m bench.e2e.round_share), TAG-gdn-share.json (python -m bench.e2e.gdn_share: the
 # GatedDeltaNet verify's share of the round) and TAG-prof.tgz (the traces, if under 15 MB).
-# E2E_SETUP_ONLY=1: install the bundle and lay the overlay (as above), then stop (bench/e2e/hybrid17.sh gputests).
+# E2E_SETUP_ONLY=1: install the bundle and lay the overlay (as above), then stop (bench/e2e/hybrid_v2.sh gputests).
 # E2E_GPUS=0,1,2,3: spread the configurations over these GPUs (dummy-weight model sets one per GPU on all but the first,
 # the others on the first; bench/e2e/driver.py gpu_slot).
 set -u
@@ -48,12 +48,12 @@ fi
 # missing (idempotent on a warm machine). tiny-qwen3 is the tokenizer base of all of them.
 (
   set -e
-  [ -d $M/agree-qwen3 ] || { python3 "$B/mk_models.py" $M; python3 -m bench.e2e.models.mk_agree $M $M; }
+  [ -d $M/agree-qwen3 ] || { python3 -m bench.e2e.models.mk_models $M; python3 -m bench.e2e.models.mk_agree $M $M; }
   if needs big; then python3 -m bench.e2e.models.mk_big $M $M; fi
   # configs only (dummy weights): always rewritten, so a warm machine never serves an older config
   if needs q8b || needs q36; then python3 -m bench.e2e.models.mk_shapes $M $M; fi
   if needs prof || needs prof36; then python3 -m bench.e2e.models.mk_profile $M $M; fi
-  if needs hyb && [ ! -d $M/tiny-next ]; then python3 "$B/mk_hybrid.py" $M $M; fi
+  if needs hyb && [ ! -d $M/tiny-next ]; then python3 -m bench.e2e.models.mk_hybrid $M $M; fi
   if needs hyblive && [ ! -d $M/live-next ]; then python3 -m bench.e2e.models.mk_hybrid_live $M $M; fi
 ) >> "$OUT/setup.log" 2>&1 &
 MK=$!

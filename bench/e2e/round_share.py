@@ -35,6 +35,13 @@ from pathlib import Path
 
 from bench.e2e.e2e_files import open_raw
 
+
+def _spec_v1_input(f: str) -> bool:
+    """A frame in a spec-v1 verify input's file: DFLASH's own (dflash_info.py), or DDTree's on 0.5.11 (ddtree_info.py,
+    vendored from patches/ddtree/spec-v1/; traces recorded before it was vendored have it in dflash_info.py)."""
+    return "dflash_info" in f or "ddtree_info" in f
+
+
 # (category, test on (file, function)); the first match from the innermost frame outwards wins.
 RULES: list[tuple[str, object]] = [
     ("hybrid_commit", lambda f, fn: "ddtree_hybrid" in f or fn == "_update_target_mamba_state_after_verify"
@@ -50,9 +57,9 @@ RULES: list[tuple[str, object]] = [
      or "ddtree_v2/sampling" in f),
     ("walk", lambda f, fn: "ddtree/walk" in f or fn.startswith("accept_walk")),
     ("kv_compaction", lambda f, fn: fn == "accepted_kv_and_hidden_index" or "ddtree/compaction" in f),
-    ("verify_prepare_other", lambda f, fn: fn == "prepare_for_verify" and "dflash_info" in f),
-    ("verify_commit_other", lambda f, fn: fn == "verify" and "dflash_info" in f),
-    ("ddtree_glue", lambda f, fn: fn == "_prepare_ddtree_verify" or "ddtree_v2/round" in f),
+    ("verify_prepare_other", lambda f, fn: fn == "prepare_for_verify" and _spec_v1_input(f)),
+    ("verify_commit_other", lambda f, fn: fn == "verify" and _spec_v1_input(f)),
+    ("ddtree_glue", lambda f, fn: fn in ("prepare_ddtree_verify", "_prepare_ddtree_verify") or "ddtree_v2/round" in f),
     ("draft_kv_append", lambda f, fn: fn == "_append_target_hidden_to_draft_kv"),
     ("model_forward", lambda f, fn: "model_runner" in f and fn in ("forward", "_forward_raw")),
     ("draft_other", lambda f, fn: fn == "_prepare_for_speculative_decoding"),

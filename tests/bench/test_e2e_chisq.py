@@ -20,20 +20,9 @@ SEEDS, TOKENS, T = list(range(500, 508)), 64, 2.5
 @pytest.fixture(scope="module")
 def agree_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("models")
-    mk = ROOT / ".e2e" / "mk_models.py"
-    if not mk.exists():
-        mk = ROOT.parent / "shared" / "gpu-e2e" / "mk_models.py"
-    if mk.exists():
-        subprocess.run([sys.executable, str(mk), str(out)], check=True, capture_output=True)
-    else:
-        # Without shared/gpu-e2e (a bare CI checkout): mk_agree needs from mk_models.py's output only the
-        # drafter's mask token id (3, the fourth special token there) and a tokenizer folder to copy (may be empty);
-        # the target's weights, hence the law, do not depend on the tokenizer.
-        (out / "tiny-qwen3").mkdir()
-        (out / "tiny-dflash").mkdir()
-        (out / "tiny-dflash" / "config.json").write_text('{"dflash_config": {"mask_token_id": 3}}')
-    subprocess.run([sys.executable, "-m", "bench.e2e.models.mk_agree", str(out), str(out)], check=True,
-                   capture_output=True, cwd=ROOT)
+    for args in (["mk_models", str(out)], ["mk_agree", str(out), str(out)]):  # the tokenizer base, then the pair
+        subprocess.run([sys.executable, "-m", f"bench.e2e.models.{args[0]}", *args[1:]], check=True,
+                       capture_output=True, cwd=ROOT)
     return out / "agree-qwen3"
 
 

@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 R = "bench/results"
 
 CASES = {
-    "pay": (["pay", "{out}/pay-every-batch-h200", f"{R}/pay-every-batch-h200-raw.tgz",
-             f"{R}/pay-every-batch-h200-random-raw.tgz", "--notes", f"{R}/pay-every-batch-h200-notes.md",
-             "--related", "draft_topk", f"{R}/draft-topk-h200.json"], "pay-every-batch-h200"),
+    "speed-by-batch": (["speed-by-batch", "{out}/speed-by-batch-h200", f"{R}/speed-by-batch-h200-raw.tgz",
+             f"{R}/speed-by-batch-h200-random-raw.tgz", "--notes", f"{R}/speed-by-batch-h200-notes.md",
+             "--related", "draft_topk", f"{R}/draft-topk-h200.json"], "speed-by-batch-h200"),
     "hybrid": (["hybrid", "{out}/e2e-hybrid-tables.json", f"{R}/e2e-raw-hyb1.tgz", f"{R}/e2e-raw-hyb2.tgz"],
                "e2e-hybrid-tables"),
     "spec-v2": (["spec-v2", f"{R}/sglang-0.5.17-h200-correctness-raw.tgz", f"{R}/sglang-0.5.17-h200-speed-8b-raw.tgz",
@@ -32,9 +32,9 @@ CASES = {
                         f"{R}/sglang-0.5.21-h200-speed-8b-lease1-raw.tgz,{R}/sglang-0.5.21-h200-speed-8b-lease2-raw.tgz",
                         f"{R}/sglang-0.5.21-expected-acceptance.json", "{out}/sglang-0.5.21-h200",
                         f"{R}/sglang-0.5.21-h200-apply-transcript.json"], "sglang-0.5.21-h200"),
-    "hybrid17": (["hybrid17", "{out}/hybrid-0.5.17-h200-partial", f"{R}/hybrid-0.5.17-h200-partial-raw.tgz",
+    "hybrid-v2": (["hybrid-v2", "{out}/hybrid-0.5.17-h200-partial", f"{R}/hybrid-0.5.17-h200-partial-raw.tgz",
                   "--kernels", f"{R}/hybrid-0.5.17-h200-partial-kernels.json"], "hybrid-0.5.17-h200-partial"),
-    "hybrid17-q36c": (["hybrid17", "{out}/hybrid-0.5.17-h200-q36c", f"{R}/hybrid-0.5.17-h200-q36c-raw.tgz",
+    "hybrid-v2-q36c": (["hybrid-v2", "{out}/hybrid-0.5.17-h200-q36c", f"{R}/hybrid-0.5.17-h200-q36c-raw.tgz",
                        f"{R}/hybrid-0.5.17-h200-q36c-b64-raw.tgz"], "hybrid-0.5.17-h200-q36c"),
 }
 
@@ -55,7 +55,7 @@ def test_committed_results_are_regenerated_from_their_raw_tarballs(case: str, tm
     assert got_json == want_json
     got, want = (tmp_path / f"{stem}.md").read_text(), (committed / f"{stem}.md").read_text()
     command = args[0]
-    if command == "hybrid17":  # a hand-written header above the generated tables
+    if command == "hybrid-v2":  # a hand-written header above the generated tables
         tail = got.split("\n", 1)[1]
         assert want.endswith(tail) and len(tail) > 1000
         assert f"`python -m bench.e2e.report {command} " in want
@@ -67,4 +67,4 @@ def test_committed_results_are_regenerated_from_their_raw_tarballs(case: str, tm
 def test_unknown_subcommand_prints_the_usage():
     r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "nope"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 1 and "python -m bench.e2e.report pay OUT_STEM" in r.stderr
+    assert r.returncode == 1 and "python -m bench.e2e.report speed-by-batch OUT_STEM" in r.stderr

@@ -82,6 +82,27 @@ FILES = {
             return torch.ceil(x)
         """,
 }
+
+def vendored_layout(files: dict) -> dict:
+    """The same 0.5.11 round as the overlay lays it out since its DDTree modules are vendored (patches/ddtree/spec-v1/):
+    the verify input's methods and the worker's step that builds it in ddtree_info.py, which the worker calls. FILES
+    is the layout the recorded traces have (the verify input inside dflash_info.py, the step a method of the worker);
+    both must classify alike."""
+    info, worker = "sglang/srt/speculative/dflash_info.py", "sglang/srt/speculative/dflash_worker.py"
+    w = textwrap.dedent(files[worker])
+    step = w[w.index("def _prepare_ddtree_verify"):w.index("def _prepare_for_speculative_decoding")]
+    out = {k: v for k, v in files.items() if k not in (info, worker)}
+    out["sglang/srt/speculative/ddtree_info.py"] = (
+        textwrap.dedent(files[info]) + "from sglang.srt.speculative.ddtree import tree, verify as tv\n"
+        + step.replace("def _prepare_ddtree_verify", "def prepare_ddtree_verify")
+        .replace("dflash_info.prepare_for_verify", "prepare_for_verify"))
+    out[worker] = (w.replace(step, "").replace("dflash_info, ddtree_verify as dv", "ddtree_info")
+                   .replace("return _prepare_ddtree_verify(x)", "return ddtree_info.prepare_ddtree_verify(x)")
+                   .replace("dflash_info.verify(x)", "ddtree_info.verify(x)"))
+    assert "dflash_info" not in "".join(out.values()) and "_prepare_ddtree_verify" not in "".join(out.values())
+    return out
+
+
 # leaf aten op -> (category, kernel name, duration us, kernels per launch)
 OPS = {
     "aten::topk": ("draft_topk", "_chunk_topk_kernel", 3.0, 1),
@@ -247,9 +268,11 @@ def _profiled(tmp_path_factory, files: dict, worker_module: str, ops_table: dict
     return _inject(json.loads(out.read_text())["traceEvents"], ops_table)
 
 
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory) -> list[dict]:
-    return _profiled(tmp_path_factory, FILES, "sglang.srt.speculative.dflash_worker", OPS)
+@pytest.fixture(scope="module", params=["vendored", "recorded"])
+def trace(request, tmp_path_factory) -> list[dict]:
+    """A 0.5.11 round as the overlay lays it out now (spec-v1 vendored) and as the committed traces recorded it."""
+    files = vendored_layout(FILES) if request.param == "vendored" else FILES
+    return _profiled(tmp_path_factory, files, "sglang.srt.speculative.dflash_worker", OPS)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 The GPU tests need a real ``sglang`` package (the offline bundle's wheel with the DDTree overlay laid over it,
 ``PYTHONPATH=/tmp/overlay:/tmp/site`` after ``bench/e2e/gpu_run.sh``), and each needs one base: the base-kernel
-check is 0.5.11's patch 0004 (``sglang/srt/speculative/ddtree_hybrid.py``), the spec-v2 check is 0.5.17's
+check is 0.5.11's (``sglang/srt/speculative/ddtree_hybrid.py``, vendored from spec-v1), the spec-v2 check is 0.5.17's
 (``sglang/srt/speculative/ddtree_v2/hybrid.py``). A test whose base is not the one on the path skips, naming what it
 needs and what it found (reasons that tests/conftest.py's ALLOWED_SKIPS accepts for the ``gpu`` marker). Only a
 regular package counts: a folder named ``sglang`` without ``__init__.py`` (a namespace package) is never SGLang.

@@ -86,7 +86,7 @@ class BaseKernels:
     conv: ModuleType  # sglang/srt/layers/attention/mamba/causal_conv1d_triton.py
     gdn: ModuleType  # sglang/srt/layers/attention/fla/fused_sigmoid_gating_recurrent.py
     scatter: ModuleType  # sglang/srt/layers/attention/mamba/mamba_state_scatter_triton.py
-    hybrid: ModuleType  # sglang/srt/speculative/ddtree_hybrid.py (0004)
+    hybrid: ModuleType  # sglang/srt/speculative/ddtree_hybrid.py (vendored from patches/ddtree/spec-v1, for 0004)
     rt: ModuleType  # the vendored runtime, sglang/srt/speculative/ddtree/
 
 
@@ -628,7 +628,7 @@ def gpu_kern(summary) -> BaseKernels:
     sg = find_sglang_dir()  # (puts tests/gpu on sys.path for sglang_on_path)
     from sglang_on_path import skip_reason
 
-    why = skip_reason("0.5.11")  # patch 0004 of the 0.5.11 series: sglang/srt/speculative/ddtree_hybrid.py
+    why = skip_reason("0.5.11")  # the 0.5.11 overlay: sglang/srt/speculative/ddtree_hybrid.py
     if why:
         pytest.skip(why)
     summary.update(device=torch.cuda.get_device_name(), sglang=str(sg))

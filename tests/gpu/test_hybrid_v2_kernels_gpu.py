@@ -521,7 +521,7 @@ def test_hybrid_v2_kernels_gpu():  # pytest entry on a GPU host
     if why:
         pytest.skip(why)
     res = run(GPU_CASES, QWEN36, "cuda")
-    if os.environ.get("OUT"):  # the same JSON as the script mode's, for python -m bench.e2e.report hybrid17 --kernels
+    if os.environ.get("OUT"):  # the same JSON as the script mode's, for python -m bench.e2e.report hybrid-v2 --kernels
         with open(os.path.join(os.environ["OUT"], "hybrid_v2_kernels.json"), "w") as f:
             json.dump(res, f, indent=1)
     assert res["ok"], [c for c in res["cases"] if not c["ok"]]

@@ -89,8 +89,9 @@ def test_0004_worker_and_memory_hooks_are_in_place(patched_tree: Path):
     assert "does not support hybrid" not in worker  # 0001's blanket refusal is gone ...
     assert "check_ddtree_hybrid_backend(" in worker  # ... replaced by the backend check
     assert "path_steps_to_nodes(step, accepted_nodes)" in worker
-    assert "retrieve_next_token=vin.retrive_next_token.to(torch.int32)" in worker
-    info = (patched_tree / "sglang/srt/speculative/dflash_info.py").read_text()
+    # the verify input (vendored spec-v1/ddtree_info.py) carries the tree to the kernels and the path to the commit
+    info = (patched_tree / "sglang/srt/speculative/ddtree_info.py").read_text()
+    assert "retrieve_next_token=vin.retrive_next_token.to(torch.int32)" in info
     assert "self.accepted_nodes = walk.accepted_nodes" in info
     mixin = (patched_tree / "sglang/srt/model_executor/model_runner_kv_cache_mixin.py").read_text()
     # the budget check runs before SGLang reserves the per-node intermediate states
@@ -291,7 +292,8 @@ BACKEND_SCRIPT = textwrap.dedent('''
     from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import FlashInferGDNKernel
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.dflash_info import DDTreeVerifyInput, DFlashVerifyInput
+    from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
     def runner(**server_args):
         conv = SimpleNamespace(conv=[torch.zeros(9, 64, 3)])

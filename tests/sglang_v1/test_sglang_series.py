@@ -29,7 +29,28 @@ def test_patchset_metadata_is_complete():
             elif path not in created:
                 modified.add(path)
     assert modified == set(meta["base"]["files"])
+    # the series only wires SGLang's own files: DDTree's modules are vendored (the runtime, and spec-v1 beside
+    # DFLASH's modules), none is created by a patch
+    assert created == set()
     assert (PSET / meta["runtime"]["source"] / "__init__.py").is_file()
+    assert meta["vendor"] == [{"source": "../spec-v1", "dest": "sglang/srt/speculative"}]
+    assert {p.name for p in (PSET / "../spec-v1").glob("*.py")} >= {"ddtree_verify.py", "ddtree_info.py"}
+
+
+def test_vendored_spec_v1_adds_files_only(base_wheel: Path):
+    """spec-v1 lands in SGLang's own speculative/ folder: each of its files is new there (a vendored file that
+    replaced one of SGLang's would be a patch without hashes), and the folder gains no __init__.py (it stays the
+    base's namespace package)."""
+    from ddtree_deploy.patchset.format import load_patchset
+
+    ps = load_patchset(PSET / "patchset.yaml")
+    spec_v1 = [v for v in ps.vendor if v.source.name == "spec-v1"]
+    assert len(spec_v1) == 1
+    dests = [dest for dest, _ in spec_v1[0].files]
+    assert "sglang/srt/speculative/ddtree_info.py" in dests
+    assert not any(d.endswith("__init__.py") for d in dests)
+    with zipfile.ZipFile(base_wheel) as zf:
+        assert set(dests).isdisjoint(zf.namelist())
 
 
 def test_base_hashes_match_the_wheel(base_wheel: Path):
@@ -75,8 +96,9 @@ def test_patched_modules_byte_compile(patched_tree: Path):
     meta = patchset()
     files = sorted({f for p in meta["series"] for f in touched(PSET / p)})
     runtime_files = sorted((patched_tree / meta["runtime"]["dest"]).rglob("*.py"))
-    assert runtime_files
-    for f in [patched_tree / f for f in files] + runtime_files:
+    vendored = [patched_tree / v["dest"] / p.name for v in meta["vendor"] for p in (PSET / v["source"]).glob("*.py")]
+    assert runtime_files and vendored
+    for f in [patched_tree / f for f in files] + runtime_files + vendored:
         py_compile.compile(str(f), doraise=True, cfile=str(f) + ".check.pyc")
 
 

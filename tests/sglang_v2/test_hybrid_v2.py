@@ -387,7 +387,7 @@ def test_qwen36_27b_shape_loads_as_a_gdn_hybrid_and_its_budgets_fit(v2_trees, tm
     assert got["draft_layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
     assert got["target_layer_ids"] == [1, 16, 31, 46, 61] and got["mask_id"] == 248070
     fits = {int(k): v for k, v in got["fits"].items()}
-    # the e2e q36 configurations (bench/e2e/hybrid17.sh): b16 at 16 requests, b32 at 8, b64 at 4, b128 at 1
+    # the e2e q36 configurations (bench/e2e/hybrid_v2.sh): b16 at 16 requests, b32 at 8, b64 at 4, b128 at 1
     assert fits[16] >= 16 and fits[8] >= 32 and fits[4] >= 64 and fits[1] >= 128
     assert fits[16] < 32 and fits[8] < 64 and fits[4] < 128, "the cells left out really do not fit"
     # the chunk form: conv windows (10240 x 3 bf16) + records (48 value heads x 257 floats) per node and GDN layer

@@ -55,3 +55,21 @@ def test_backends_table_against_the_base(v2_base: str, v2_probe: dict):
     for kind in ("default", "allow"):  # a class the table does not know
         got = checks[f"TorchNativeAttnBackend/{kind}"]
         assert not got["ok"] and "attention backend TorchNativeAttnBackend (DDTree needs a tree mask" in got["msg"]
+
+
+def test_tree_verifies_reach_ddtree_attention_through_the_backends_extend_kernel(v2_base: str, v2_scripts: dict):
+    """spec-v2/verify_attention.py on each base's real triton backend: the extend kernel the backend keeps as
+    ``extend_attention_fwd`` (found in its own ``__init__``) is what ``forward_extend`` calls (from 0.5.22 through
+    ``_forward_extend_kernel``); wrapped, a call laid
+    out as ``forward_extend`` makes it goes to DDTree's kernel only with a tree mask and nothing the kernel does not
+    compute (a sliding window, sinks), with the layer's scale and the verify width; the default leaves the backend
+    alone; installing twice wraps once; a bad ``DDTREE_VERIFY_ATTN`` is refused naming the variable."""
+    got = script_result(v2_scripts, "verify_attention")
+    assert got["hook_point"], "forward_extend calls self.extend_attention_fwd"
+    assert got["chain"] == [1, 0] and got["tree"] == [1, 1], got
+    for case in ("window", "sinks"):
+        assert got[case] is None or got[case][1] == 1 and got[case][0] > 1, (case, got[case])
+    assert got["tree_args"] == [{"scale": 0.125, "max_len": 2, "mask_is_arg": True}]
+    assert got["default_installs"] is False
+    assert got["installs"] == [True, True] and got["wrapped_once"]
+    assert "DDTREE_VERIFY_ATTN='fast'" in got["bad_value"] and "sglang, ddtree" in got["bad_value"]

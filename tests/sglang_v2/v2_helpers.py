@@ -353,7 +353,68 @@ print("RESULT" + json.dumps({"hooks": rows, "refused": {" ".join(k): v for k, v 
 
 #: The scripts that share one subprocess per base, in order (name, code, argv). The FlashInfer one goes last: it
 #: replaces a base kernel with its torch equivalent for the rest of the process.
-CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("plugin", PLUGIN_SCRIPT, ()), ("flashinfer", FLASHINFER_SCRIPT, ()))
+# Tree verifies through DDTree's attention kernel (spec-v2/verify_attention.py): the triton backend's extend kernel
+# attribute, read from the base's own source, wrapped; calls laid out as the backend's forward_extend makes them.
+VERIFY_ATTN_SCRIPT = r'''
+import functools, importlib, inspect, json, os, re, types
+import torch
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.speculative.ddtree_v2 import verify_attention as va
+
+init_src = inspect.getsource(TritonAttnBackend.__init__)
+module = re.search(r"from ([\w.]+) import \(?[^)]*?\bextend_attention_fwd\b", init_src, re.S).group(1)
+real = importlib.import_module(module).extend_attention_fwd
+params = list(inspect.signature(real).parameters)
+calls = {"original": [], "tree": []}
+
+
+@functools.wraps(real)
+def original(*a, **k):
+    calls["original"].append(1)
+
+
+def tree(*a):
+    calls["tree"].append({"scale": a[11], "max_len": a[12], "mask_is_arg": a[9] is mask})
+
+
+wrapped = va.wrap(original, tree)
+t = torch.zeros((4, 2, 8))
+mask, ind = torch.ones(40, dtype=torch.bool), torch.zeros(3, dtype=torch.int64)
+extra = {"logit_cap": 0.0, "sliding_window_size": -1, "sinks": None, "window_kv_offsets": None,
+         "xai_temperature_len": -1, "page_size": 1, "score_mod": None, "aux_tensors": None, "extend_seq_lens_cpu": None}
+extra = {k: v for k, v in extra.items() if k in params}
+
+
+def call(custom_mask, **over):
+    kw = dict(extra, **over)
+    wrapped(t, t, t, t, t, t, ind, ind, ind, custom_mask, True, ind if custom_mask is not None else None, 2, 1.0, 1.0,
+            0.125, **kw)
+    return (len(calls["original"]), len(calls["tree"]))
+
+
+fe = inspect.getsource(TritonAttnBackend.forward_extend)
+kernel = getattr(TritonAttnBackend, "_forward_extend_kernel", None)  # 0.5.22+: forward_extend calls it, it calls ours
+hook = "self.extend_attention_fwd(" in fe or (kernel is not None and "self._forward_extend_kernel(" in fe
+                                             and "self.extend_attention_fwd(" in inspect.getsource(kernel))
+out = {"module": module, "hook_point": hook,
+       "chain": call(None), "tree": call(mask), "window": call(mask, sliding_window_size=16) if "sliding_window_size" in params else None,
+       "sinks": call(mask, sinks=torch.zeros(2)) if "sinks" in params else None, "tree_args": calls["tree"][:1]}
+backend = types.SimpleNamespace(extend_attention_fwd=real)
+out["default_installs"] = va.install(backend, tree)
+os.environ["DDTREE_VERIFY_ATTN"] = "ddtree"
+out["installs"] = [va.install(backend, tree), va.install(backend, tree)]
+out["wrapped_once"] = getattr(backend.extend_attention_fwd, "__wrapped__", None) is real
+os.environ["DDTREE_VERIFY_ATTN"] = "fast"
+try:
+    va.choice()
+    out["bad_value"] = "accepted"
+except ValueError as e:
+    out["bad_value"] = str(e)
+print("RESULT" + json.dumps(out))
+'''
+
+CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("plugin", PLUGIN_SCRIPT, ()), ("flashinfer", FLASHINFER_SCRIPT, ()),
+               ("verify_attention", VERIFY_ATTN_SCRIPT, ()))
 
 # The start-up refusals of tests/sglang_v2/test_hybrid_v2.py, through DDTreeRound.check_target on each base's real
 # classes: argv = (base, "hybrid" for a base whose series has the hybrid patch, else "plain").

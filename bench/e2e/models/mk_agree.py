@@ -1,6 +1,6 @@
 """A tiny Qwen3 target whose greedy continuation is a known cycle, and a DFlash drafter that half-agrees with it.
 
-Usage: python -m bench.e2e.models.mk_agree OUTDIR BASEDIR   (BASEDIR = output of shared/gpu-e2e/mk_models.py, for the tokenizer)
+Usage: python -m bench.e2e.models.mk_agree OUTDIR BASEDIR   (BASEDIR = output of mk_models, for the tokenizer)
 
 Why this shape (cheap, and every number it produces is checkable):
 - Target: every layer's o_proj and down_proj are zero, so the residual stream is the token embedding and the

@@ -1,7 +1,7 @@
 """A larger random Qwen3 target (hidden 1024, 8 layers) and a random DFlash drafter for it: the `big` model set.
 
 Usage: python -m bench.e2e.models.mk_big OUTDIR [BASEDIR] [--check] [--beta B] [--lm-std S] [--seed N]
-  BASEDIR (default OUTDIR) holds tiny-qwen3/ from shared/gpu-e2e/mk_models.py, whose tokenizer is reused.
+  BASEDIR (default OUTDIR) holds tiny-qwen3/ from mk_models, whose tokenizer is reused.
   Writes OUTDIR/big-qwen3 and OUTDIR/big-dflash (bf16 safetensors). Idempotent: an existing pair with the same
   parameters is kept. --check (CPU, ~1 min) prints near-tie statistics of the greedy workload (see below).
 

@@ -1,11 +1,11 @@
 """A tiny hybrid Qwen3-Next target whose next token is one of a few "live" tokens chosen by its context, and a
 DFlash drafter whose top-k covers exactly those tokens.
 
-Usage: python -m bench.e2e.models.mk_hybrid_live OUTDIR BASEDIR   (BASEDIR = output of shared/gpu-e2e/mk_models.py, for the tokenizer)
+Usage: python -m bench.e2e.models.mk_hybrid_live OUTDIR BASEDIR   (BASEDIR = output of mk_models, for the tokenizer)
 
 Why this shape (issue #9's proof needs DDTree to accept *branches* on a recurrent model, and a wrong recurrent state
 to change the output):
-- Architecture as shared/gpu-e2e/mk_hybrid.py (3 GatedDeltaNet layers + 1 attention layer, MoE with 4 experts,
+- Architecture as mk_hybrid.py (3 GatedDeltaNet layers + 1 attention layer, MoE with 4 experts,
   hidden 128), so it runs through SGLang's Qwen3-Next model, GDN backend and tree-verify kernels.
 - Hidden axis 0 is a constant "bias" axis: every token embedding has E[t, 0] = A and every projection that writes
   into the residual stream (attention o_proj, GDN out_proj, MoE down projections) has a zero row 0, so the final

@@ -1,6 +1,6 @@
 """A Qwen3-8B-shaped target + z-lab b16 DFlash drafter pair whose acceptance is controlled (the `prof` models).
 
-Usage: python -m bench.e2e.models.mk_profile OUTDIR BASEDIR   (BASEDIR = output of the bundle's mk_models.py: tokenizer)
+Usage: python -m bench.e2e.models.mk_profile OUTDIR BASEDIR   (BASEDIR = output of mk_models: tokenizer)
 
 Why: random weights accept nothing, so they price a round but cannot say whether DDTree pays. These models keep the
 full compute of the production shapes and make acceptance a stated number:

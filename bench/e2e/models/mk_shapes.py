@@ -1,6 +1,6 @@
 """Model folders of production shapes for `--load-format dummy` runs (random weights, no checkpoint files).
 
-Usage: python -m bench.e2e.models.mk_shapes OUTDIR BASEDIR   (BASEDIR = output of the bundle's mk_models.py: tokenizer)
+Usage: python -m bench.e2e.models.mk_shapes OUTDIR BASEDIR   (BASEDIR = output of mk_models: tokenizer)
 
 q8b-target / q8b-dflash: Qwen3-8B (36 layers, hidden 4096, 32/8 heads, head_dim 128, intermediate 12288, vocab
 151936) and the z-lab Qwen3-8B-DFlash-b16 drafter shape (5 layers at the target's width, block 16, target layers

@@ -15,6 +15,7 @@ from .mask import mask_numel, mask_offsets, write_verify_mask
 from .selftest import self_test
 from .topk import draft_topk, topk_logits_lse
 from .tree import build_tree
+from .tree_attn import tree_verify_attention
 from .tree_chunk import (
     commit_tree_conv_layers,
     commit_tree_records_layers,
@@ -74,5 +75,6 @@ __all__ = [
     "tree_causal_conv1d",
     "tree_gated_delta_rule",
     "tree_gated_delta_rule_chunk",
+    "tree_verify_attention",
     "write_verify_mask",
 ]

@@ -371,7 +371,7 @@ DEFAULT_BUDGETS = (16, 32, 64)
 #: no state per node), measured on one H200, SGLang 0.5.17 + this patch set, the Qwen3.6-27B shape (48 GatedDeltaNet +
 #: 16 gated-attention layers, random weights) with the z-lab Qwen3.6-27B-DFlash drafter shape (block 16), CUDA graphs,
 #: 16 max running requests, 8 reps per cell (bench/results/hybrid-0.5.17-h200-q36c.md: the median of the differenced
-#: round times; `bench/e2e/hybrid17.sh TAG q36c` re-measures it): {budget: {batch size: ms}}, budget 0 = the V2 chain.
+#: round times; `bench/e2e/hybrid_v2.sh TAG q36c` re-measures it): {budget: {batch size: ms}}, budget 0 = the V2 chain.
 #: Only the budgets measured in chunk form are listed: `auto` never extrapolates a budget it has no row for.
 HYBRID_ROUND_MS: dict[int, dict[int, float]] = {
     0: {1: 20.68, 8: 31.38, 16: 45.56},

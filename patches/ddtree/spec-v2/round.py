@@ -36,6 +36,7 @@ from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
 from .graph_widths import pad_to_captured
 from .sampling import target_tokens_per_node
 from .verify_input import DDTreeVerifyInput
+from .verify_attention import choice as verify_attention_choice, install as install_verify_attention
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,10 @@ class DDTreeRound:
                              + f". Pass {UNPROVEN_FLAG} to run it anyway.")
         self.backend_name = name
         self.prefix_cols = row.reads_context_columns
+        if name == "triton":  # DDTREE_VERIFY_ATTN=ddtree: tree verifies through DDTree's attention kernel
+            install_verify_attention(backend, runtime().tree_verify_attention)
+        else:
+            verify_attention_choice()  # a bad value is refused whatever the backend
 
     def draft_builder(self, *, lm_head: Any, vocab_size: int, max_bs: int, tp_group: Any, device: Any,
                       chain_head_cls: Any = None) -> DraftTreeBuilder | ScheduledDraftHead:

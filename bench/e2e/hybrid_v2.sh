@@ -25,18 +25,18 @@
 #             T = 1, so tok/s (not only round cost) is measured against the chain
 # Usage (repo root; the 0.5.17 bundle at .e2e17/ with the overlay built into .e2e17/overlay by
 # `ddtree-deploy patchset build ddtree --base sglang==0.5.17 --out .e2e17/overlay`):
-#   bash bench/e2e/hybrid17.sh TAG all        # 4 GPUs (E2E_GPUS=0,1,2,3 by default): everything at once
-#   bash bench/e2e/hybrid17.sh TAG lossless   # one GPU: kernels + lossless
-#   bash bench/e2e/hybrid17.sh TAG ard        # one GPU: hyblive-ard vs DDTree b4/b16 (eager, recurrent GDN verify)
-#   bash bench/e2e/hybrid17.sh TAG chunk      # one GPU: stock chain vs DDTree b4/b16 (eager) and b64 (graphs)
-#   bash bench/e2e/hybrid17.sh TAG gputests   # one GPU: the GPU test files under pytest
-#   bash bench/e2e/hybrid17.sh TAG q36a       # one GPU: chain, b16, b32 at the 27B shape (profiled)
-#   bash bench/e2e/hybrid17.sh TAG q36b       # one GPU: b64, b128 at the 27B shape (profiled)
-#   bash bench/e2e/hybrid17.sh TAG q36t1      # one GPU: chain (p1), b16, b32 (8 reps, no profiler)
-#   bash bench/e2e/hybrid17.sh TAG q36t2      # one GPU: b64, b128, chain (p2)
-#   bash bench/e2e/hybrid17.sh TAG q36c       # one GPU: chain, b16, b64 (8 reps, no profiler): the done-when trio in one command
-#   bash bench/e2e/hybrid17.sh TAG prof36     # one GPU: the controlled pair, chain, b16, b64
-# then: python -m bench.e2e.report hybrid17 bench/results/hybrid-0.5.17-h200 $OUT/*-raw.tgz
+#   bash bench/e2e/hybrid_v2.sh TAG all        # 4 GPUs (E2E_GPUS=0,1,2,3 by default): everything at once
+#   bash bench/e2e/hybrid_v2.sh TAG lossless   # one GPU: kernels + lossless
+#   bash bench/e2e/hybrid_v2.sh TAG ard        # one GPU: hyblive-ard vs DDTree b4/b16 (eager, recurrent GDN verify)
+#   bash bench/e2e/hybrid_v2.sh TAG chunk      # one GPU: stock chain vs DDTree b4/b16 (eager) and b64 (graphs)
+#   bash bench/e2e/hybrid_v2.sh TAG gputests   # one GPU: the GPU test files under pytest
+#   bash bench/e2e/hybrid_v2.sh TAG q36a       # one GPU: chain, b16, b32 at the 27B shape (profiled)
+#   bash bench/e2e/hybrid_v2.sh TAG q36b       # one GPU: b64, b128 at the 27B shape (profiled)
+#   bash bench/e2e/hybrid_v2.sh TAG q36t1      # one GPU: chain (p1), b16, b32 (8 reps, no profiler)
+#   bash bench/e2e/hybrid_v2.sh TAG q36t2      # one GPU: b64, b128, chain (p2)
+#   bash bench/e2e/hybrid_v2.sh TAG q36c       # one GPU: chain, b16, b64 (8 reps, no profiler): the done-when trio in one command
+#   bash bench/e2e/hybrid_v2.sh TAG prof36     # one GPU: the controlled pair, chain, b16, b64
+# then: python -m bench.e2e.report hybrid-v2 bench/results/hybrid-0.5.17-h200 $OUT/*-raw.tgz
 # E2E_DRY_RUN=1 runs the flow on CPU with stand-in engines (gpu_run.sh); E2E_DRY_SGLANG=PYTHONPATH (a patched tree and its
 # CPU dependencies, as tests/sglang_v2/v2_helpers.run_python lays them out) adds the kernel check
 # CPU smoke against a patched tree. bench/e2e/README.md has the one-lease plan (parts ard, q36t1, q36t2, gputests).

@@ -1,5 +1,5 @@
 """The 0.5.17 hybrid GPU proof's plumbing on CPU (bench/e2e: driver.py, dry_engine.py, gdn_share.py,
-report.py hybrid17): the engine arguments of its configurations, the GPU assignment, and the report from dry-run
+report.py hybrid-v2): the engine arguments of its configurations, the GPU assignment, and the report from dry-run
 results (the stand-in engine's outputs and profiler traces; what the real run's numbers are is the GPU's job)."""
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_report_from_dry_results(tmp_path: Path):
                                               "accept_len_max": 4, "seconds": 2.0}]}))
     stem = tmp_path / "out" / "hybrid"
     stem.parent.mkdir()
-    r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "hybrid17", str(stem), str(raw), "--kernels", str(kernels)],
+    r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "hybrid-v2", str(stem), str(raw), "--kernels", str(kernels)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17"})
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(stem.with_suffix(".json").read_text())
@@ -148,7 +148,7 @@ def test_a_failed_engine_start_is_recorded_with_its_error(tmp_path: Path):
     assert not left, left
     stem = tmp_path / "report" / "h"
     stem.parent.mkdir()
-    r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "hybrid17", str(stem), str(raw / "0")], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "bench.e2e.report", "hybrid-v2", str(stem), str(raw / "0")], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, env={**os.environ, "E2E_BASE": "0.5.17"})
     assert r.returncode == 0, r.stderr[-3000:]
     md = stem.with_suffix(".md").read_text()

@@ -1,0 +1,113 @@
+"""The `hybrid` report: the hybrid (issue #9) H200 runs, DDTree on GatedDeltaNet targets against every baseline
+
+Each RAW.tgz is a `gpu_run.sh` result tarball (per-configuration JSON + logs). Configurations of the same name in
+several tarballs are kept apart (`<tarball tag>:<name>`), which also checks that greedy output is the same across
+machine leases. Writes OUT_JSON and OUT_JSON with .md: for every speculative configuration (chain, DDTree) its
+greedy outputs against the model set's baselines:
+  ar   plain decoding as SGLang ships it (GDN decode = packed kernel, beta rounded to bf16)
+  arv  plain decoding with the verify kernel's GDN math (bench/e2e/gdn_unpacked_decode)
+  chain  the stock DFlash chain
+plus acceptance per round and the start-up errors found in the logs (the budget-memory check).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from bench.e2e import driver
+from bench.e2e.e2e_files import load_results, open_raw
+
+
+HYBRID_WORKLOADS = ("greedy-bs1", "greedy-bs4", "greedy-bs16")
+
+
+def hybrid_load(tgz: Path) -> tuple[dict, dict]:
+    """(configs by `tag:name`, start-up errors by `tag:name`) from one result tarball."""
+    tag = re.sub(r"^e2e-raw-|-raw$", "", tgz.name.removesuffix(".tgz"))  # e2e-raw-hyb1.tgz / hyb-raw.tgz
+    raw = open_raw(tgz)
+    out = {f"{tag}:{name}": d for name, d in load_results(raw).items()}
+    errors = {}
+    for log in sorted((raw / "logs").glob("*.log")):
+        hit = re.findall(r"ValueError: (DDTree budget .*?largest budget that fits is \d+[^\n]*)",
+                         log.read_text(errors="replace"))
+        if hit:
+            errors[f"{tag}:{log.stem}"] = hit[-1]
+    return out, errors
+
+
+def main(argv: list[str]) -> int:
+    """Tables for the hybrid (issue #9) H200 runs: DDTree on GatedDeltaNet targets against every baseline."""
+    if len(argv) < 2:
+        raise SystemExit("usage: python -m bench.e2e.report hybrid OUT_JSON RAW.tgz [RAW.tgz ...]")
+    out_json = Path(argv[0])
+    runs, errors = {}, {}
+    for t in argv[1:]:
+        r, e = hybrid_load(Path(t))
+        runs.update(r)
+        errors.update(e)
+    ok = {k: v for k, v in runs.items() if v.get("ok")}
+
+    def find(modelset: str, algo: str, graph: bool) -> list[str]:
+        want = f"{modelset}-{algo}" + ("-graph" if graph else "")
+        return sorted(k for k in ok if k.split(":", 1)[1] == want)
+
+    rows, acceptance = [], []
+    for key in sorted(ok):
+        cfg = ok[key]["config"]
+        if cfg["algo"] not in ("chain", "ddtree"):
+            continue
+        for base_algo in ("ar", "arv", "chain"):
+            if base_algo == "chain" and cfg["algo"] == "chain":
+                continue
+            for graph in (False, True):
+                for bkey in find(cfg["modelset"], base_algo, graph):
+                    for wl in HYBRID_WORKLOADS:
+                        a = ok[key]["workloads"].get(wl, {}).get("output_ids")
+                        b = ok[bkey]["workloads"].get(wl, {}).get("output_ids")
+                        if a is None or b is None:
+                            continue
+                        if len(a) != len(b):
+                            raise SystemExit(f"{key} vs {bkey} {wl}: {len(a)} vs {len(b)} requests")
+                        fd = driver.first_divergences(a, b)
+                        rows.append({"config": key, "baseline": bkey, "workload": wl, "requests": len(a),
+                                     "identical_requests": sum(k is None for k in fd),
+                                     "first_divergence": [k for k in fd if k is not None]})
+        for wl in HYBRID_WORKLOADS:
+            meta = ok[key]["workloads"].get(wl, {}).get("meta", [])
+            rounds = sum((m.get("spec_verify_ct") or 0) for m in meta)
+            acc = sum((m.get("spec_accepted_drafts") or 0) for m in meta)
+            if rounds:
+                acceptance.append({"config": key, "workload": wl, "rounds": rounds,
+                                   "accepted_per_round": round(acc / rounds, 4)})
+    # The same configuration in two leases: identical greedy output?
+    cross = []
+    names = {}
+    for k in ok:
+        names.setdefault(k.split(":", 1)[1], []).append(k)
+    for n, ks in sorted(names.items()):
+        if len(ks) > 1:
+            same = all(ok[ks[0]]["workloads"][wl]["output_ids"] == ok[k]["workloads"][wl]["output_ids"]
+                       for k in ks[1:] for wl in HYBRID_WORKLOADS if wl in ok[ks[0]]["workloads"])
+            cross.append({"config": n, "runs": ks, "identical": same})
+    summary = {"rows": rows, "acceptance": acceptance, "cross_lease": cross, "startup_errors": errors,
+               "failed": {k: v.get("error") for k, v in runs.items() if not v.get("ok")}}
+    out_json.write_text(json.dumps(summary, indent=1))
+
+    lines = ["# Hybrid (GatedDeltaNet) DDTree on the H200: generated tables", "",
+             f"Generated by `python -m bench.e2e.report hybrid` from {', '.join(Path(t).name for t in argv[1:])}.", "",
+             "## Greedy output against each baseline", "",
+             "| config | baseline | workload | identical requests | first divergences |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['baseline']} | {r['workload']} | {r['identical_requests']}/{r['requests']} "
+                     f"| {r['first_divergence'][:8]} |")
+    lines += ["", "## Acceptance (accepted drafts per verify round)", "", "| config | workload | rounds | accepted/round |",
+              "|---|---|---|---|"]
+    lines += [f"| {a['config']} | {a['workload']} | {a['rounds']} | {a['accepted_per_round']} |" for a in acceptance]
+    lines += ["", "## Same configuration in two leases", "", "| config | runs | identical greedy output |", "|---|---|---|"]
+    lines += [f"| {c['config']} | {', '.join(c['runs'])} | {c['identical']} |" for c in cross]
+    lines += ["", "## Start-up errors (budget-memory check)", ""]
+    lines += [f"- `{k}`: {v}" for k, v in sorted(errors.items())] or ["- none"]
+    out_json.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("wrote", out_json, out_json.with_suffix(".md"))
+    return 0
