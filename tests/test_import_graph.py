@@ -1,5 +1,5 @@
 """No import circle at import time in the tool or in the code a patch set vendors: every module-level import of
-``ddtree_deploy/``, ``patches/ddtree/spec-v2/`` and ``patches/ddtree/runtime/`` read from its source (``ast``; the
+``ddtree_deploy/``, ``patches/ddtree/spec-v1/``, ``spec-v2/`` and ``runtime/`` read from its source (``ast``; the
 imports under ``if TYPE_CHECKING:`` and inside functions left out, as Python runs them), and the graph searched for a
 cycle. ``from pkg import sub`` counts as an import of the module ``pkg.sub`` (not of ``pkg``)."""
 
@@ -76,7 +76,7 @@ def cycles(root: Path, *, typing: bool = False) -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("root", ["ddtree_deploy", "patches/ddtree/spec-v2", "patches/ddtree/runtime"])
+@pytest.mark.parametrize("root", ["ddtree_deploy", "patches/ddtree/spec-v1", "patches/ddtree/spec-v2", "patches/ddtree/runtime"])
 def test_no_import_circle_at_import_time(root: str) -> None:
     assert cycles(REPO / root) == []
 
