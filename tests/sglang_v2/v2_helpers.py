@@ -23,22 +23,24 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "sglang_v1"))
 from sglang_series_helpers import write_torchvision_stub  # noqa: E402
 
-def _table(name: str):
-    """patches/ddtree/spec-v2/<name>.py, one of the spec-v2 tables (pure data: loaded by path)."""
-    import spec_v2_tables
+import spec_v2_tables  # noqa: E402
 
-    return spec_v2_tables.load(name)
-
-
-BASES_TABLE = _table("bases")
+#: patches/ddtree/spec-v2/bases.py and backends.py, loaded by path (pure data).
+BASES_TABLE = spec_v2_tables.load("bases")
 #: The target attention backends DDTree knows (backends.py: status, mask layout, reasons, page sizes).
-BACKENDS_TABLE = _table("backends")
-#: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/, one row in bases.py).
-BASES = tuple(BASES_TABLE.BASES)
-#: Where the bases' series differ (bases.py's ``Base`` says what each field means).
-TRAITS = BASES_TABLE.BASES
+BACKENDS_TABLE = spec_v2_tables.load("backends")
+#: Where the bases' series differ (each base folder's ``traits:``; bases.py's ``Base`` says what each field means).
+TRAITS = spec_v2_tables.bases_table()
+#: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/, with its traits).
+BASES = tuple(TRAITS)
 BaseTraits = BASES_TABLE.Base
-with_trait = BASES_TABLE.with_trait
+
+
+def with_trait(name: str) -> tuple[str, ...]:
+    """The spec-v2 bases whose traits have ``name`` true, oldest first."""
+    return BASES_TABLE.with_trait(name, TRAITS)
+
+
 DEPS = Path(os.environ.get("DDTREE_SGLANG_V2_DEPS", REPO / ".cache" / "sglang-v2-deps"))
 #: Bases that pin other versions of some of those packages: requirements-cpu-<base>.txt, installed (by make install)
 #: into DEPS-<base>, which goes on PYTHONPATH in front of DEPS for that base only (0.5.14 pins transformers 5.8.1).

@@ -73,7 +73,7 @@ BUDGET_FLAG = "--speculative-ddtree-budget"
 #: acceptance profile, runtime ``schedule.default_schedule``).
 AUTO = "auto"
 #: Bases whose series give each captured batch size its own verify width (target graphs and the draft graph's
-#: tree build); the others take a single budget only (the bases table, ``bases.py``).
+#: tree build); the others take a single budget only (the ``schedule`` trait of each base, ``bases.py``).
 SCHEDULE_BASES = with_trait("schedule")
 
 
