@@ -4,16 +4,22 @@
     python -m bench.e2e.fi_bundle trim flashinfer|transformers|tvm-ffi IN.whl OUT.whl TRIM_WHEEL_PY
                                                     IN.whl without the rest (the 0.5.17 bundle's build/trim_wheel.py
                                                     --keep writes it and its RECORD)
+    python -m bench.e2e.fi_bundle jit-times WORKSPACE_BASE   the modules FlashInfer's JIT built under
+                                                    WORKSPACE_BASE/.cache/flashinfer (gpu_run.sh: FLASHINFER_WORKSPACE_BASE),
+                                                    with the seconds from each one's ninja file to its library
 
 - **flashinfer** (`flashinfer_python`): every Python module is kept (what `import flashinfer` and SGLang's FlashInfer
   backend load, checked on CPU, and what they import lazily). Of `flashinfer/data/` (the JIT's sources and headers:
-  `csrc/`, `include/`, `cutlass/`, `cccl/`, `spdlog/`) only the `#include` closure of :data:`FI_ROOTS` stays: the
-  sources of the JIT modules SGLang's FlashInfer attention backend builds (batch prefill fa2 / fa3, batch decode, the
-  cascade merge, the custom mask's bit packing) and of the small kernels beside them (page, sampling, norm, rope,
-  activation), resolved through the JIT's include path (flashinfer/jit/cpp_ext.py) with every candidate kept and
-  preprocessor conditions ignored, so a superset of what any of them includes. Everything else in `data/` (CUTLASS's
-  examples, tests, Python and unreached headers, CCCL's benchmarks and docs, the GEMM / MoE / comm / MLA kernels'
-  sources) is included by none of them; JIT modules outside this set would not compile here.
+  `csrc/`, `include/`, `cutlass/`, `cccl/`, `spdlog/`) stay the vendored CCCL's header trees whole
+  (:data:`FI_WHOLE`: the JIT puts them on the include path ahead of the CUDA toolkit's own CCCL, so the toolkit's
+  headers include them too, which no closure over the wheel's files sees; a partial copy mixes two CCCL versions and
+  does not compile) and the `#include` closure of :data:`FI_ROOTS`: the sources of the JIT modules SGLang's
+  FlashInfer attention backend builds (batch prefill fa2 / fa3, batch decode, the cascade merge, the custom mask's bit
+  packing) and of the small kernels beside them (page, sampling, norm, rope, activation), resolved through the JIT's
+  include path (flashinfer/jit/cpp_ext.py) with every candidate kept and preprocessor conditions ignored, so a
+  superset of what any of them includes from CUTLASS, spdlog and FlashInfer's own headers. Everything else in `data/`
+  (CUTLASS's examples, tests, Python and unreached headers, CCCL's benchmarks, docs and Python, the GEMM / MoE / comm
+  / MLA kernels' sources) is included by none of them; JIT modules outside this set would not compile here.
 - **transformers** (0.5.17's pin, 5.12.1): `models/*/modular_*.py` and `convert_*` are never imported (transformers'
   own import structure skips them); the per-model `modeling_*`, `image_processing_*`, `processing_*`,
   `video_processing_*` and `feature_extraction_*` files go except for the models in :data:`TF_KEEP_MODELS` (SGLang's
@@ -21,7 +27,8 @@
   configuration and tokenizer file stays. SGLang's model registry then skips the SGLang model files that import a
   dropped one (logged "Ignore import error"); the CPU check lists which architectures that removes.
 - **tvm-ffi** (`apache_tvm_ffi`): the source tree of libbacktrace (`3rdparty/libbacktrace`, for building the
-  library, not read by its JIT include path) and `libtvm_ffi_testing.so` (loaded only by `tvm_ffi.testing`).
+  library; not on its JIT include path, which is `tvm_ffi/include`). Its `lib/libtvm_ffi_testing.so` stays:
+  `tvm_ffi/core.abi3.so` links it.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 #: flashinfer/data/csrc sources (and two headers) of the JIT modules on SGLang's FlashInfer backend's path, and of
 #: the small kernels beside them; fnmatch patterns relative to flashinfer/data/ (``*`` also matches ``/``).
@@ -50,6 +58,8 @@ FI_ROOTS = (
 #: The JIT's include path below flashinfer/data/ (flashinfer/jit/env.py, cpp_ext.py: CCCL first, then the rest).
 FI_INCLUDE_PATH = ("cccl/cub", "cccl/libcudacxx/include", "cccl/thrust", "include", "csrc", "cutlass/include",
                    "cutlass/tools/util/include", "spdlog/include")
+#: The vendored CCCL's header trees, kept whole (see the module docstring), below flashinfer/data/.
+FI_WHOLE = ("cccl/cub/cub/", "cccl/thrust/thrust/", "cccl/libcudacxx/include/")
 FI_DATA = "flashinfer/data/"
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
@@ -83,6 +93,7 @@ def flashinfer_keep(wheel: zipfile.ZipFile) -> list[str]:
     if missing:
         raise SystemExit(f"fi_bundle: no file in the wheel's data/ matches {missing}: the JIT's sources moved")
     data = {names[r] for r in include_closure(names, wheel.read, roots)}
+    data |= {n for r, n in names.items() if r.startswith(FI_WHOLE)}
     # the Python package whole; the wheel's top-level build scripts (build_backend.py, build_utils.py) are not it
     code = {n for n in wheel.namelist() if n.startswith("flashinfer/") and not n.startswith(FI_DATA)}
     return sorted(code | data)
@@ -103,14 +114,34 @@ def transformers_keep(wheel: zipfile.ZipFile) -> list[str]:
 
 
 def tvm_ffi_keep(wheel: zipfile.ZipFile) -> list[str]:
-    return sorted(n for n in wheel.namelist() if not n.startswith("tvm_ffi/3rdparty/libbacktrace/")
-                  and n != "tvm_ffi/lib/libtvm_ffi_testing.so")
+    return sorted(n for n in wheel.namelist() if not n.startswith("tvm_ffi/3rdparty/libbacktrace/"))
 
 
 KEEP = {"flashinfer": flashinfer_keep, "transformers": transformers_keep, "tvm-ffi": tvm_ffi_keep}
 
 
+def jit_times(base: Path) -> list[str]:
+    """One line per JIT module under BASE/.cache/flashinfer/VERSION/ARCH/cached_ops/NAME: its library's size and the
+    seconds from its build.ninja (written just before ninja runs) to its NAME.so (linked last); "not built" where the
+    build failed or was interrupted. Printed by gpu_run.sh into $OUT/flashinfer-jit.txt (SGLang sets FlashInfer's
+    logger to ERROR, so its own "Loading JIT ops" lines never reach the engine logs)."""
+    lines = []
+    for ninja in sorted(base.glob(".cache/flashinfer/*/*/cached_ops/*/build.ninja")):
+        so = ninja.parent / f"{ninja.parent.name}.so"
+        where = "/".join(ninja.parts[-5:-3])
+        if so.exists():
+            dt = so.stat().st_mtime - ninja.stat().st_mtime
+            lines.append(f"{dt:7.1f} s  {so.stat().st_size / 2**20:6.2f} MiB  {where}  {ninja.parent.name}")
+        else:
+            lines.append(f"  not built          {where}  {ninja.parent.name}")
+    total = sum(float(ln.split()[0]) for ln in lines if not ln.lstrip().startswith("not"))
+    return lines + [f"{len(lines)} modules, {total:.1f} s of JIT builds (one after another when they did not overlap)"]
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "jit-times":
+        print("\n".join(jit_times(Path(argv[1]))))
+        return 0
     if len(argv) < 3 or argv[0] not in ("keep", "trim") or argv[1] not in KEEP:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@
 #      - flashinfer_python at the version sglang 0.5.17 pins (read from its METADATA), from the package registry, its
 #        data/ cut to the #include closure of the JIT sources on the FlashInfer backend's path (bench/e2e/fi_bundle.py);
 #      - transformers 5.12.1 (the pin) without the per-model code no import on this path reaches (fi_bundle.py);
-#      - apache_tvm_ffi without libbacktrace's source tree and its testing library (fi_bundle.py);
+#      - apache_tvm_ffi without the libbacktrace sources it was built from (fi_bundle.py);
 #      - soundfile (with cffi, pycparser) replaced by a shim: imported at module level, used only for audio;
 #      - the 0.5.17 bundle's xgrammar and IPython shims; NOT its flashinfer shim (the real package is installed);
 #      - the DDTree overlay for 0.5.17 (`ddtree-deploy patchset build`) in .e2e17fi/overlay/;
