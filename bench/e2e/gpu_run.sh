@@ -50,28 +50,7 @@ for d in "$B"/overlay/*.dist-info; do [ -d "$d" ] && cp -r "$d" /tmp/overlay/; d
 find /tmp/overlay/sglang -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
 export E2E_OVERLAY_DIR=/tmp/overlay PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 if [ $REAL_FI = 1 ]; then
-  # FlashInfer's JIT (flashinfer/jit/cpp_ext.py): nvcc from $CUDA_HOME (else `which nvcc`'s prefix), links
-  # -L$CUDA_HOME/lib64{,/stubs} -lcudart -lcuda; where the toolkit lacks an unversioned libcudart.so / libcuda.so, the
-  # runtime wheel's and the driver's are linked through FLASHINFER_EXTRA_LDFLAGS
-  export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer} FLASHINFER_NO_DOWNLOAD=1
-  export FLASHINFER_CUBIN_DIR=$FLASHINFER_WORKSPACE_BASE/cubins
-  if [ -z "${CUDA_HOME:-}" ]; then
-    for d in "$(dirname "$(dirname "$(command -v nvcc)")")" /usr/local/cuda /usr/local/cuda-*; do
-      [ -x "$d/bin/nvcc" ] && [ -f "$d/include/cuda_runtime.h" ] && { export CUDA_HOME=$d; break; }
-    done
-  fi
-  FL=$FLASHINFER_WORKSPACE_BASE/ld; mkdir -p "$FL" "$FLASHINFER_CUBIN_DIR"
-  ls "${CUDA_HOME:-/none}"/lib64/libcudart.so "${CUDA_HOME:-/none}"/lib64/stubs/libcudart.so > /dev/null 2>&1 \
-    || ln -sf "$(python3 -c 'import glob, nvidia.cuda_runtime as m; print(sorted(glob.glob(m.__path__[0] + "/lib/libcudart.so.*"))[0])' 2>/dev/null)" "$FL/libcudart.so"
-  if ! ls "${CUDA_HOME:-/none}"/lib64/libcuda.so "${CUDA_HOME:-/none}"/lib64/stubs/libcuda.so > /dev/null 2>&1; then
-    CU=$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')
-    for d in ${LD_LIBRARY_PATH//:/ } /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
-      [ -z "$CU" ] && [ -e "$d/libcuda.so.1" ] && CU=$d/libcuda.so.1
-    done
-    ln -sf "$CU" "$FL/libcuda.so"
-  fi
-  export FLASHINFER_EXTRA_LDFLAGS="-L$FL${FLASHINFER_EXTRA_LDFLAGS:+ $FLASHINFER_EXTRA_LDFLAGS}"
-  echo "flashinfer JIT: CUDA_HOME=${CUDA_HOME:-unset} ($("${CUDA_HOME:-/none}"/bin/nvcc --version 2>&1 | tail -1)), cache $FLASHINFER_WORKSPACE_BASE, linked through $FL: $(ls -l "$FL" | awk 'NR>1{print $9, $11}' | tr '\n' ' ')" | tee -a "$OUT/setup.log"
+  . bench/e2e/fi_env.sh  # FlashInfer's JIT offline: cache under /tmp, nvcc, what it links and includes
 else
   export SGLANG_IS_FLASHINFER_AVAILABLE=false  # the bundle's flashinfer is a shim
 fi
