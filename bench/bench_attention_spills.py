@@ -106,7 +106,7 @@ def measure(version: str, progress=print) -> tuple[list[dict], str]:
     our_types = {"O_part": "*fp32", "L_part": "*fp32", "qo_indptr": "*i32", "kv_indptr": "*i32", "kv_indices": "*i32",
                  "mask_ptr": "*u8", "mask_indptr": "*i64", "sm_scale": "fp32"}
     rows = []
-    for key, (title, hq, hkv, dim, width) in SHAPES.items():
+    for key, (_title, hq, hkv, dim, width) in SHAPES.items():
         bm, bn, warps = SGLANG_HOPPER[dim]
         for masked in (False, True):
             const = dict(SLIDING_WINDOW_SIZE=-1, logit_cap=0.0, xai_temperature_len=-1, Lq=dim, Lv=dim,
