@@ -241,18 +241,24 @@ def _total(samples: Mapping[str, list], family: Family, by: Optional[str] = None
     return out
 
 
-def _matrix(samples: Mapping[str, list], family: Family) -> list[list[float]]:
-    cells: dict[tuple[int, int], float] = {}
-    for labels, v in samples.get(family.sample, []):
-        try:
-            key = (int(labels["depth"]), int(labels["rank"]))
-        except (KeyError, ValueError):
-            continue
-        cells[key] = cells.get(key, 0.0) + v
-    if not cells:
-        return []
-    depths, ranks = max(d for d, _ in cells), max(r for _, r in cells) + 1
-    return [[cells.get((d, r), 0.0) for r in range(ranks)] for d in range(1, depths + 1)]
+def _matrices(samples: Mapping[str, list], *families: Family) -> list[list[list[float]]]:
+    """Each family's [depth][rank] counts (depth 1 first), all of one shape: the deepest depth and the most ranks
+    any of them counted (a counter SGLang never incremented is absent from a scrape: 0)."""
+    cells: list[dict[tuple[int, int], float]] = []
+    for family in families:
+        c: dict[tuple[int, int], float] = {}
+        for labels, v in samples.get(family.sample, []):
+            try:
+                key = (int(labels["depth"]), int(labels["rank"]))
+            except (KeyError, ValueError):
+                continue
+            c[key] = c.get(key, 0.0) + v
+        cells.append(c)
+    keys = [k for c in cells for k in c]
+    if not keys:
+        return [[] for _ in families]
+    depths, ranks = max(d for d, _ in keys), max(r for _, r in keys) + 1
+    return [[[c.get((d, r), 0.0) for r in range(ranks)] for d in range(1, depths + 1)] for c in cells]
 
 
 def acceptance(text_or_samples: Any) -> Optional[dict[str, Any]]:
@@ -265,14 +271,14 @@ def acceptance(text_or_samples: Any) -> Optional[dict[str, Any]]:
         return None
     per_depth = _total(samples, ACCEPTED_PER_DEPTH, "depth")
     deepest = max((int(d) for d in per_depth if d.isdigit()), default=0)
+    observed, accepted = _matrices(samples, RANK_OBSERVED, RANK_ACCEPTED)
     secs = {w: {"sum": s, "count": _total(samples, ROUND_SECONDS, "verify_width").get(w, 0.0)}
             for w, s in _sum_by(samples, ROUND_SECONDS.name + "_sum", "verify_width").items()}
     return {"drafts": _total(samples, DRAFTS) or 0.0, "draft_tokens": _total(samples, DRAFT_TOKENS) or 0.0,
             "accepted_tokens": _total(samples, ACCEPTED_TOKENS) or 0.0,
             "accepted_per_depth": [per_depth.get(str(d), 0.0) for d in range(1, deepest + 1)],
             "rounds": _total(samples, ROUNDS, "verify_width"), "chain_rounds": _total(samples, CHAIN_ROUNDS) or 0.0,
-            "rank_observed": _matrix(samples, RANK_OBSERVED), "rank_accepted": _matrix(samples, RANK_ACCEPTED),
-            "round_seconds": secs}
+            "rank_observed": observed, "rank_accepted": accepted, "round_seconds": secs}
 
 
 def _sum_by(samples: Mapping[str, list], name: str, by: str) -> dict[str, float]:

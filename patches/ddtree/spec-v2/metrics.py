@@ -213,22 +213,23 @@ class Exporter:
 _exporter: Optional[Exporter] = None
 
 
-def exporter_for(scheduler: Any) -> Optional[Exporter]:
-    """This process's exporter when the scheduler reports SGLang's metrics (``--enable-metrics``, the reporting rank
-    of its group), else None."""
+def exporter_for(processor: Any) -> Optional[Exporter]:
+    """This process's exporter when its scheduler reports SGLang's metrics (``--enable-metrics``, and the reporting
+    rank of its group, as SGLang's metrics reporter decides), else None. ``processor``: the scheduler's
+    ``SchedulerBatchResultProcessor``, which holds SGLang's collector (None with metrics off) and reporter."""
     global _exporter
-    ctx = getattr(scheduler, "metrics_collector_context", None)
-    collector = getattr(ctx, "collector", None)
-    if collector is None or not getattr(ctx, "current_scheduler_metrics_enabled", False):
+    collector = getattr(processor, "metrics_collector", None)
+    reporter = getattr(processor, "metrics_reporter", None)
+    if collector is None or not getattr(reporter, "current_scheduler_metrics_enabled", False):
         return None
     if _exporter is None:
         _exporter = Exporter(getattr(collector, "labels", None) or {})
     return _exporter
 
 
-def _ddtree_round(scheduler: Any) -> Any:
-    for name in ("model_worker", "draft_worker", "tp_worker"):
-        rnd = getattr(getattr(scheduler, name, None), "_ddtree", None)
+def _ddtree_round(processor: Any) -> Any:
+    for name in ("model_worker", "draft_worker"):
+        rnd = getattr(getattr(processor, name, None), "_ddtree", None)
         if rnd is not None:
             return rnd
     return None
@@ -242,9 +243,9 @@ def _meta_info_on() -> bool:
     return row is None or row.meta_info
 
 
-def on_resolved(scheduler: Any, result: Any, batch: Any, tokens: list) -> None:
+def on_resolved(processor: Any, result: Any, batch: Any, tokens: list) -> None:
     """After SGLang resolved a decode result's tokens on the host (see the module docstring)."""
-    rnd = _ddtree_round(scheduler)
+    rnd = _ddtree_round(processor)
     accept_lens = getattr(result, "accept_lens", None)
     if rnd is None or accept_lens is None or not getattr(accept_lens, "is_cpu", False):
         return
@@ -266,7 +267,7 @@ def on_resolved(scheduler: Any, result: Any, batch: Any, tokens: list) -> None:
         entries.append(entry)
         if carry and i < len(tokens) and tokens[i]:
             _carry(req, m.ROUND_KEY, entry, len(tokens[i]))
-    exp = exporter_for(scheduler) if metrics.export else None
+    exp = exporter_for(processor) if metrics.export else None
     if exp is None:
         return
     exp.add_round(rec.width, rec.chain, entries)
