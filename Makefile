@@ -37,7 +37,7 @@ $(STAMP): $(filter $(VENV)/bin/python,$(PY)) pyproject.toml tests/sglang_v1/requ
 	@# what `import sglang.srt.server_args` (0.5.11) needs for the patch set's CPU tests; no deps, so no CUDA torch
 	$(PY) -m pip install -q --disable-pip-version-check click pydantic requests orjson jsonschema jinja2 ipython
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r tests/sglang_v1/requirements-cpu.txt
-	@# what the spec-v2 bases (0.5.14 and later: patches/ddtree/spec-v2/bases.py) import beyond that, in their own folder (tests/sglang_v2)
+	@# what the spec-v2 bases (0.5.14 and later: the folders with `traits:`) import beyond that, in their own folder (tests/sglang_v2)
 	rm -rf .cache/sglang-v2-deps && $(PY) -m pip install -q --disable-pip-version-check --no-deps \
 	  --target .cache/sglang-v2-deps -r tests/sglang_v2/requirements-cpu.txt
 	@# bases that pin other versions of some of those (requirements-cpu-<base>.txt): a small folder each, in front

@@ -1,6 +1,6 @@
 """The generation baseline: what the probe's generation stage compares against, recorded on the host.
 
-Baselines live on the host, in ``<release_root>/probe-baseline.json``: they describe that host's model and server,
+Baselines live on the host, in ``<release_root>/probe-baseline.json`` (``hoststate.HostLayout.baseline``): they describe that host's model and server,
 they survive a change of control machine, and every deploy to the host compares against the same file. Recording
 one restarts the server (DDTree off by default: the tokens of a non-speculative greedy run are the lossless
 reference), generates the fixed prompts and restarts the server as configured; it runs under the host lock
@@ -9,21 +9,17 @@ reference), generates the fixed prompts and restarts the server as configured; i
 
 from __future__ import annotations
 
-import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
 from .errors import OperationFailed
-from .inventory import Host, probe_setting
+from .hoststate import HostLayout, ReleaseState
+from .inventory import probe_setting
 from .launch_check import check_launch_line
 
 if TYPE_CHECKING:
     from .probe import Prober
     from .server import ServerControl
-
-
-def baseline_path(host: Host) -> str:
-    return posixpath.join(host.release_root, "probe-baseline.json")
 
 
 def record_baseline(prober: Prober, ctl: ServerControl, *, ddtree: bool = False) -> dict[str, Any]:
@@ -33,7 +29,7 @@ def record_baseline(prober: Prober, ctl: ServerControl, *, ddtree: bool = False)
     prompts = list(host.probe.get("prompts") or [])
     if not prompts:
         raise OperationFailed(f"{host.source}: probe.prompts is empty; nothing to record")
-    active = conn.call("release", "show", root=host.release_root)["state"]["active"]
+    active = ReleaseState.read(conn, host).active
     # the line this restart starts, parsed by the SGLang it runs, before anything is stopped (launch_check)
     check_launch_line(conn, host, active, ddtree=ddtree)
     ctl.restart(release=active, ddtree=ddtree)
@@ -47,5 +43,5 @@ def record_baseline(prober: Prober, ctl: ServerControl, *, ddtree: bool = False)
     doc = {"recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.name, "ddtree": ddtree,
            "release": active, "prompts": prompts, "max_new_tokens": int(probe_setting(host, "max_new_tokens")),
            "outputs": [{"prompt": r["prompt"], "output_ids": r.get("output_ids"), "text": r.get("text")} for r in replies]}
-    conn.call("probe", "write_json", timeout=30, path=baseline_path(host), data=doc)
+    conn.call("probe", "write_json", timeout=30, path=HostLayout.of(host).baseline, data=doc)
     return doc

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .hoststate import ReleaseState
 from .inventory import Host
 from .overlay import Overlay
-from .release import rollback_target
 from .server import ServerControl, server_kind, server_spec
 
 #: the actions a step can take, in the order they can occur
@@ -60,7 +60,7 @@ class Observed:
     """What was read from the host: its release state (``state.json``), the running server's launch record
     (``remote/server.py`` ``launch``: None when unknown), and whether a generation baseline is recorded."""
 
-    state: dict[str, Any]
+    state: ReleaseState
     launch: dict[str, Any] | None
     has_baseline: bool
 
@@ -130,24 +130,20 @@ def launch_drift(host: Host, launch: dict[str, Any] | None, ddtree: bool = True)
 
 
 # -- the decision ---------------------------------------------------------------------------------------------------------
-def release_record(state: dict[str, Any], release: str | None) -> dict[str, Any] | None:
-    return next((r for r in state.get("releases", []) if r["id"] == release), None) if release else None
-
-
 def decide(observed: Observed, overlay: Overlay, host: Host, *, force: bool = False, record_baseline: bool = True,
            files: int | None = None) -> Decision:
     """The steps of ``apply`` for ``overlay`` on a host in the ``observed`` state (``files``: how many files the
     push changes, when the caller counted them; else the overlay's file count)."""
     state = observed.state
-    active = state.get("active")
-    rel = release_record(state, active)
+    active = state.active
+    rel = state.active_release
     ctl = ServerControl(None, host=host)  # describe() only reads the host file
     steps: list[Step] = []
-    pending = state.get("pending")
+    pending = state.pending
     if pending:
         steps.append(Step("settle", f"settle release {pending.get('release')}, left switched in but unprobed by run "
                           f"{pending.get('run')} (roll it back, or keep it if it passes its probe)"))
-    holds = bool(rel and rel.get("overlay_digest") == overlay.digest and rel.get("status") == "good")
+    holds = bool(rel and rel.get("overlay_digest") == overlay.digest) and state.is_good(active)
     if holds and not force:
         drift = launch_drift(host, observed.launch)
         if not drift:
@@ -169,7 +165,7 @@ def decide(observed: Observed, overlay: Overlay, host: Host, *, force: bool = Fa
         steps.append(Step("baseline", "record a generation baseline first: "
                           + ctl.describe("restart", release=active, ddtree=False) + ", then back"))
     count = len(overlay.files) if files is None else files
-    target = active if rel and rel.get("status") == "good" else rollback_target(state, active) if active else None
+    target = active if state.is_good(active) else state.rollback_target(active) if active else None
     # with an overlay active, flags the host file changed are shown with the restart (the new release gets them)
     drift = (launch_drift(host, observed.launch) or ()) if active else ()
     also = f"; the server's flags change too: {'; '.join(drift)}" if drift else ""
@@ -184,7 +180,7 @@ def decide(observed: Observed, overlay: Overlay, host: Host, *, force: bool = Fa
     if holds:
         reason = f"--force: release {active} already holds this overlay; redone as a new release"
     elif active:
-        reason = f"the overlay differs from the one release {active} holds" if rel and rel.get("status") == "good" \
+        reason = f"the overlay differs from the one release {active} holds" if state.is_good(active) \
             else f"release {active} is not marked good"
     else:
         reason = "no overlay is active"
@@ -199,4 +195,4 @@ def redecide_after_failed_probe(observed: Observed, overlay: Overlay, host: Host
 
 
 __all__ = ["ACTIONS", "Decision", "Observed", "Step", "decide", "launch_drift", "redecide_after_failed_probe",
-           "release_record", "snapshot_step", "wanted_launch"]
+           "snapshot_step", "wanted_launch"]

@@ -36,7 +36,7 @@ from .overlay import Overlay
 from .ddtree_stats import describe_ddtree
 from .plan import DEFAULT_PATCHSET, Plan, dry_run_decision, plan
 from .probe import ProbeResult, Stage
-from .release import PushResult, rollback_target
+from .release import PushResult
 from .server import require_server, server_spec
 from .transaction import ApplyReport, Progress, Run, quiet, run_on_host
 from .hostfile import write_host_file
@@ -83,7 +83,7 @@ class _Executor:
         self.host = run.host
         self.extra_meta, self.base_hashes, self.allow_base_drift = extra_meta, base_hashes, allow_base_drift
         self.record_baseline = record_baseline
-        self.previous = run.state["active"]
+        self.previous = run.state.active
         self.timings: dict[str, float] = {}
         self.details: dict[str, Any] = {}
         self.release: str | None = self.previous
@@ -249,8 +249,7 @@ def _roll_back(run: Run, report: ApplyReport, *, failed: str, why: str, server_r
                progress: Progress = _quiet) -> None:
     """Switch back to the previous good release, mark ``failed`` bad, restart if needed, re-probe; fill ``report``."""
     mgr, ctl, host = run.mgr, run.ctl, run.host
-    state = mgr.show()["state"]
-    target = rollback_target(state, failed)
+    target = mgr.state().rollback_target(failed)
     # restart only if the server ran (or tried to run) the failed release, or is not running at all
     needs_restart = server_ran_failed or not ctl.status().get("running")
     mgr.roll_back(target, failed=failed, note=why[:500], spec=server_spec(host) if needs_restart else None,

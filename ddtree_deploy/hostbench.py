@@ -239,7 +239,7 @@ class Session:
         self.run = run
         self.host = run.host
         self.progress = progress
-        self.active = run.state["active"]
+        self.active = run.state.active
         self.url = base_url(self.host)
         self.before = self.server_info()
         # what the running server was started with against the host file now (a tune that wrote a schedule without
@@ -331,7 +331,7 @@ def measuring(host: Host, command: str, progress: Progress = quiet) -> Iterator[
                          f"({host.server.get('ddtree_flags')!r}); expected --speculative-algorithm DFLASH "
                          "--speculative-ddtree-budget N")
     with run_on_host(host, command, progress=progress) as run:
-        if run.state["active"] is None:
+        if run.state.active is None:
             raise InputError(f"host {host.name}: no overlay release is active, so neither the chain nor DDTree can run "
                              f"there", hint=f"ddtree-deploy apply --host {host.name}")
         session = Session(run, progress)

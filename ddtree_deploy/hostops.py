@@ -10,33 +10,33 @@ from typing import Any
 
 from .errors import EXIT_FAILED, InputError
 from .inventory import Host, server_setting
-from .baseline import baseline_path, record_baseline
+from .baseline import record_baseline
+from .hoststate import HostLayout, ReleaseState
 from .probe import Prober, ProbeResult
-from .release import ReleaseManager, rollback_target
+from .release import ReleaseManager
 from .server import ServerControl, require_server, server_spec
 from .transaction import ApplyReport, Progress, quiet, run_on_host
 from .transport import HostConnection
 
 
 # -- rollback --------------------------------------------------------------------------------------------------------------
-def _rollback_target(host: Host, state: dict[str, Any], *, to: str | None, to_installed: bool, force: bool) -> str | None:
-    active = state["active"]
+def _rollback_target(host: Host, state: ReleaseState, *, to: str | None, to_installed: bool, force: bool) -> str | None:
+    active = state.active
     if to_installed:
         target = None
     elif to is not None:
-        ids = [r["id"] for r in state["releases"]]
-        if to not in ids:
-            raise InputError(f"host {host.name}: no release {to!r} (have: {', '.join(ids) or 'none'})")
+        rel = state.release(to)
+        if rel is None:
+            raise InputError(f"host {host.name}: no release {to!r} (have: {', '.join(state.ids) or 'none'})")
         target = to
-        rel = next(r for r in state["releases"] if r["id"] == to)
-        if (rel.get("status") in ("bad", "interrupted") or to in state.get("bad", [])) and not force:
+        if state.is_bad(to) and not force:
             note = f" ({rel['note']})" if rel.get("note") else ""
             raise InputError(f"host {host.name}: release {to} is marked {rel.get('status') or 'bad'}{note}; refusing to "
                              "roll back to it", hint="--force rolls back to it anyway")
     else:
         if active is None:
             raise InputError(f"host {host.name}: no overlay is active; nothing to roll back")
-        target = rollback_target(state, active)
+        target = state.rollback_target(active)
     if target == active:
         raise InputError(f"host {host.name}: {target or 'the installed package'} is already active")
     return target
@@ -49,10 +49,10 @@ def rollback(host: Host, *, to: str | None = None, to_installed: bool = False, b
     require_server(host)
     if dry_run:
         with HostConnection(host) as conn:
-            state = ReleaseManager(conn).show()["state"]
+            state = ReleaseManager(conn).state()
             target = _rollback_target(host, state, to=to, to_installed=to_installed, force=force)
             ctl = ServerControl(conn)
-            active = state["active"]
+            active = state.active
             lines = [f"switch current from {active or 'the installed package'} to {target or 'the installed package'}",
                      f"mark {active} bad" if active else "nothing to mark",
                      ctl.describe("restart", release=target, ddtree=target is not None),
@@ -63,7 +63,7 @@ def rollback(host: Host, *, to: str | None = None, to_installed: bool = False, b
         # the target is chosen only now, after settling a run that was still under way (an apply probing a release
         # when --break-lock took its lock over): that settle already rolled the unprobed release back
         state = run.state
-        active = state["active"]
+        active = state.active
         settled = run.settled_outcome or {}
         undone = settled.get("action") == "rolled-back" and settled.get("release") != active
         if undone and to is None and not to_installed:
@@ -104,31 +104,33 @@ def probe(host: Host, *, record: bool = False, record_with_ddtree: bool = False,
         if not record:
             raise InputError("probe only writes with --record-baseline; --dry-run needs it")
         with HostConnection(host) as conn:
-            active = ReleaseManager(conn).show()["state"]["active"]
+            active = ReleaseManager(conn).state().active
             ctl = ServerControl(conn)
             lines = [ctl.describe("restart", release=active, ddtree=record_with_ddtree),
-                     f"generate {len(host.probe.get('prompts') or [])} prompts at temperature 0 and write {baseline_path(host)}",
+                     f"generate {len(host.probe.get('prompts') or [])} prompts at temperature 0 and write "
+                     f"{HostLayout.of(host).baseline}",
                      ctl.describe("restart", release=active, ddtree=active is not None)]
         return None, {"dry_run": lines}
     if record:
         with run_on_host(host, "ddtree-deploy probe --record-baseline", progress=progress) as run:
             run.mgr.stage = "baseline"
             baseline = record_baseline(run.prober, run.ctl, ddtree=record_with_ddtree)
-            active = run.mgr.show()["state"]["active"]
+            active = run.mgr.state().active
             run.mgr.stage = "probe"
             return run.prober.run(active), baseline
     with HostConnection(host) as conn:
         info = ReleaseManager(conn).show()
-    pending = info["state"].get("pending")
+    state = ReleaseState.of(info["state"])
+    pending = state.pending
     if pending and info.get("lock_state") in ("free", "dead"):
         with run_on_host(host, "ddtree-deploy probe", progress=progress, probe_pending=True) as run:
-            result = run.settled_probe or run.prober.run(run.state["active"])
+            result = run.settled_probe or run.prober.run(run.state.active)
             result.label = f"probe ({run.settled})" if run.settled else result.label
             return result, None
     with HostConnection(host) as conn:
         if pending:
             progress(f"{host.name}: release {pending.get('release')} is being probed by run {pending.get('run')} right now")
-        return Prober(conn, progress=progress).run(info["state"]["active"]), None
+        return Prober(conn, progress=progress).run(state.active), None
 
 
 def flag_drift(conn: HostConnection, host: Host, active: str | None) -> list[str] | None:
@@ -144,14 +146,14 @@ def server_flag_drift(host: Host) -> list[str] | None:
     """``flag_drift`` on a connection of its own (``probe`` warns with it before probing)."""
     require_server(host)
     with HostConnection(host) as conn:
-        return flag_drift(conn, host, ReleaseManager(conn).show()["state"]["active"])
+        return flag_drift(conn, host, ReleaseManager(conn).state().active)
 
 
 def releases(host: Host, journal_lines: int = 10) -> dict[str, Any]:
     with HostConnection(host) as conn:
         info = ReleaseManager(conn).show(journal_lines)
         if server_setting(host, "kind") != "none":
-            info["flag_drift"] = flag_drift(conn, host, info["state"]["active"])
+            info["flag_drift"] = flag_drift(conn, host, ReleaseState.of(info["state"]).active)
         return info
 
 
@@ -164,11 +166,11 @@ def server_action(host: Host, action: str, *, dry_run: bool = False, wait: bool 
     require_server(host)
     if dry_run:
         with HostConnection(host) as conn:
-            active = ReleaseManager(conn).show()["state"]["active"]
+            active = ReleaseManager(conn).state().active
             text = ServerControl(conn).describe(action, release=active, ddtree=active is not None)
         return {"dry_run": True, "would": text, "active_release": active}
     with run_on_host(host, f"ddtree-deploy server {action}", break_lock=break_lock, progress=progress) as run:
-        active = run.state["active"]
+        active = run.state.active
         run.mgr.stage = f"server {action}"
         if action == "stop":
             res = run.ctl.stop()

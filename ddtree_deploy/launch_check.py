@@ -24,6 +24,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from .errors import InputError, OperationFailed
+from .hoststate import ReleaseState
 
 #: Flags SGLang removed, -> (the new spelling, the first release without the old one).
 RENAMED = {
@@ -185,5 +186,5 @@ def check_launch_line(conn: Any, host: Any, release_id: str | None, *, ddtree: b
 def check_current_line(conn: Any, host: Any) -> dict[str, Any]:
     """The check against what a restart would run now: the active release with DDTree's flags, or the installed SGLang
     without them when no release is active (``hosts check`` and ``abi --live``); InputError as check_launch_line."""
-    active = conn.call("release", "show", root=host.release_root)["state"]["active"]
+    active = ReleaseState.read(conn, host).active
     return {**check_launch_line(conn, host, active, ddtree=active is not None), "release": active}

@@ -109,19 +109,19 @@ def plan(host: Host, *, patchset: str | None = None, max_snapshot_age: float = 3
 def dry_run_decision(host: Host, p: Plan, *, record_baseline: bool, force: bool) -> Decision:
     """What ``apply`` would do, read from the host without the lock and without writing anything: the same
     ``decide`` the real run executes, after the snapshot step when the local store needs one."""
-    from .baseline import baseline_path
+    from .hoststate import HostLayout
     from .release import ReleaseManager
     from .server import ServerControl
     from .transport import HostConnection
 
     with HostConnection(host) as conn:
-        state = ReleaseManager(conn).show()["state"]
-        has_baseline = bool(conn.call("probe", "read_json", timeout=30, path=baseline_path(host)))
+        state = ReleaseManager(conn).state()
+        has_baseline = bool(conn.call("probe", "read_json", timeout=30, path=HostLayout.of(host).baseline))
         observed = Observed(state, ServerControl(conn).launch(), has_baseline)
     first = (p.snapshot_step,) if p.snapshot_step else ()
     if p.overlay is None:
         rest = Step("push", f"build the overlay of patch set {DEFAULT_PATCHSET} from that snapshot, then decide as "
-                    "apply does (active release " + (state.get("active") or "none") + "); its files are counted by a "
+                    "apply does (active release " + (state.active or "none") + "); its files are counted by a "
                     f"dry run once the store has the snapshot (`ddtree-deploy snapshot take {host.name}`)")
         return Decision(first + (rest,), None, "the local store has no snapshot of this host yet")
     d = decide(observed, p.overlay, host, force=force, record_baseline=record_baseline)

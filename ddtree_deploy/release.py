@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import getpass
 import io
-import posixpath
 import socket
 import tarfile
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from .errors import ConnectionCut, DeployError, Fenced, Interrupted, LockHeld, OperationFailed, RemoteError, is_cut
+from .hoststate import HostLayout, ReleaseState
 from .inventory import Host, probe_setting, server_setting
 from .overlay import Overlay
 from .lease import Lease, describe_holder, owner_record, tool_gone_here
@@ -234,12 +234,12 @@ class ReleaseManager:
             except DeployError as exc:
                 return f"this run could not take the dead lock over to settle the host: {exc.message}", None
             try:
-                pend = res["state"].get("pending")
-                if pend:
+                found = ReleaseState.of(res["state"])
+                if found.pending:
                     outcome = self.reconcile(why, guard,
                                              timeout=60 + float(probe_setting(self.host, "startup_timeout")))
                 else:
-                    outcome = {"action": "none", "to": res["state"]["active"]}
+                    outcome = {"action": "none", "to": found.active}
             except DeployError as exc:
                 self.abandon(f"settling a dead guardian's run failed: {exc.message}")
                 return (f"this run took the dead lock over but could not settle the host: {exc.message} — the host "
@@ -318,8 +318,8 @@ class ReleaseManager:
                 continue
             reached = True
             lock = info.get("lock") or {}
-            st = info["state"]
-            ours = (st.get("pending") or {}).get("run") == self.run_id
+            st = ReleaseState.of(info["state"])
+            ours = st.pending_run == self.run_id
             if lock.get("run_id") == self.run_id or (ours and not lock):
                 if info.get("lock_state") in ("dead", "free"):
                     message, outcome = self.settle_dead_lease(lost or f"its guardian is gone ({head})")
@@ -332,12 +332,12 @@ class ReleaseManager:
             done = [e for e in info["journal"] if e.get("run") == self.run_id and e.get("event") == "reconciled"]
             if done:
                 return f"{head}; {describe_settlement(done[-1])}", done[-1]
-            rel = next((r for r in st["releases"] if r["id"] == st["active"]), {})
+            rel = st.active_release or {}
             if rel.get("run") == self.run_id and rel.get("status") == "good":
-                return (f"{head}; release {st['active']} had passed its probe and its verdict was recorded before "
-                        "the cut: it is active and good"), {"action": "none", "to": st["active"]}
-            return (f"{head}; nothing was left pending: the host is on {st['active'] or 'the installed package'}",
-                    {"action": "none", "to": st["active"]})
+                return (f"{head}; release {st.active} had passed its probe and its verdict was recorded before "
+                        "the cut: it is active and good"), {"action": "none", "to": st.active}
+            return (f"{head}; nothing was left pending: the host is on {st.active or 'the installed package'}",
+                    {"action": "none", "to": st.active})
         waited = time.monotonic() - start
         if not reached:
             return (f"{head}; the host could not be reached again for {waited:.0f} s, so it is not known whether it "
@@ -365,7 +365,7 @@ class ReleaseManager:
         start = time.monotonic()
         self.stage = "push"
         rid = release_id or release_id_for(overlay)
-        staging = posixpath.join(self.root, "staging", self.run_id)
+        staging = HostLayout(self.root).staging(self.run_id)
         meta = {
             "run_id": self.run_id,
             "patchset": overlay.patchset,
@@ -467,6 +467,10 @@ class ReleaseManager:
     def show(self, journal_lines: int = 0) -> dict[str, Any]:
         return self._call("show", root=self.root, journal_lines=journal_lines)
 
+    def state(self) -> ReleaseState:
+        """The host's release state now (``show``'s ``state``, typed)."""
+        return ReleaseState.of(self.show()["state"])
+
     def cleanup(self) -> list[str]:
         return self._call("cleanup", root=self.root, keep=self.host.keep_releases, run_id=self.run_id,
                           fence=self.fence)["removed"]
@@ -495,20 +499,4 @@ def describe_settlement(outcome: dict[str, Any]) -> str:
     if action == "failed":
         return f"the host could not settle the run: {outcome.get('detail')} — the host needs attention"
     return f"nothing was pending on the host (it is on {where}); it released the lock"
-
-
-def rollback_target(state: dict[str, Any], failed: str | None) -> str | None:
-    """Where to go back to: the recorded previous good release unless it is bad, gone or the failed one; else the
-    newest good release; else None (the installed package, always safe). Never derived from directory order."""
-    releases = {r["id"]: r for r in state.get("releases", [])}
-    bad = set(state.get("bad", [])) | ({failed} if failed else set())
-    prev = state.get("previous_good")
-    if prev is None:
-        return None  # what ran before the failed switch was the installed package
-    if prev not in bad and prev in releases and releases[prev].get("exists", True):
-        return prev
-    for rel in reversed(state.get("releases", [])):
-        if rel["id"] not in bad and rel.get("status") == "good" and rel.get("exists", True):
-            return rel["id"]
-    return None
 

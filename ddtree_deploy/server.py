@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InputError
+from .hoststate import HostLayout
 from .inventory import Host, server_setting
 from .transport import HostConnection
 
@@ -84,7 +85,7 @@ def render_dropin(host: Host, *, ddtree: bool = True) -> str:
     them), and, when the host file gives ``server.command``, as an ExecStart that replaces the unit's own (with the
     flags, or without them for a baseline with DDTree off).
     """
-    current = posixpath.join(host.release_root, "current")
+    current = HostLayout.of(host).current
     flags = str(host.server.get("ddtree_flags", "")) if ddtree else ""
     env = {"PYTHONPATH": current, **server_env(host), "DDTREE_FLAGS": flags}
     lines = ["# Written by ddtree-deploy: the server imports sglang from the active overlay release.",
@@ -120,8 +121,8 @@ class ServerPaths:
 
 
 def managed_paths(host: Host) -> ServerPaths:
-    d = posixpath.join(host.release_root, "server")
-    return ServerPaths(posixpath.join(d, "server.log"), posixpath.join(d, "server.pid"))
+    layout = HostLayout.of(host)
+    return ServerPaths(layout.server_log, layout.server_pid)
 
 
 class ServerControl:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from . import hostpaths
 from .errors import EXIT_OK
+from .hoststate import ReleaseState
 from .inventory import Host, probe_setting
 from .probe import Prober, ProbeResult, guard_spec
 from .release import ReleaseManager, describe_settlement, new_run_id
@@ -88,8 +89,9 @@ class Run:
     settled_outcome: dict[str, Any] | None = None  # what the host did to settle it (rolled back: from which, to which)
 
     @property
-    def state(self) -> dict[str, Any]:
-        return self.lock_info["state"]
+    def state(self) -> ReleaseState:
+        """The host's release state as the lock found it (after settling what a vanished run left pending)."""
+        return ReleaseState.of(self.lock_info["state"])
 
 
 @contextmanager
@@ -113,14 +115,14 @@ def run_on_host(host: Host, command: str, *, break_lock: bool = False, progress:
                 progress(f"{host.name}: the previous run {told.get('run')} stopped early ({told.get('why')}); "
                          f"its guardian settled it: {describe_settlement(told)}")
             run = Run(host, conn, mgr, ServerControl(conn, mgr.fence), Prober(conn, facts=facts, progress=progress, fence=mgr.fence), info)
-            pending = info["state"].get("pending")
+            pending = ReleaseState.of(info["state"]).pending
             if pending:
                 run.settled = _settle_pending(run, pending, probe_pending, progress)
                 info["state"] = mgr.show()["state"]
             yield run
 
 
-def _settle_pending(run: Run, pending: dict[str, Any], probe_first: bool, progress: Progress) -> str:
+def _settle_pending(run: Run, pending: Mapping[str, Any], probe_first: bool, progress: Progress) -> str:
     host, mgr = run.host, run.mgr
     rel = pending.get("release")
     what = f"release {rel}" if rel else "the installed package"

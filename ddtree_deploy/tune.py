@@ -30,7 +30,8 @@ from .errors import InputError, OperationFailed
 from .hostbench import DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, plain
 from .hostfile import plan_budget_edit, write_host_file
 from .inventory import Host
-from .probe import RUNTIME_SUBDIR, ddtree_summary, expected_sglang_dir
+from .ddtree_stats import ddtree_summary
+from .probe import RUNTIME_SUBDIR, expected_sglang_dir
 from .server import require_server
 from .spec_flags import budget_of, with_budget
 from .transaction import Progress, quiet

@@ -21,3 +21,13 @@ def load(name: str) -> ModuleType:
     sys.modules[key] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def bases_table() -> dict:
+    """The spec-v2 bases as the overlay's generated ``bases.json`` gives them to ``bases.py``: the ``traits:`` of
+    every base folder under patches/ddtree/, read by the product (``family_traits``), checked by ``bases.table``."""
+    from ddtree_deploy.patchset.traits import family_traits
+
+    family = SPEC_V2.parent
+    return load("bases").table(family_traits(family, f"sglang/srt/speculative/ddtree_v2/{load('bases').TABLE_FILE}"),
+                               str(family))

@@ -106,7 +106,7 @@ def stack(release: str, *, torch: str, kernel: str, flashinfer: str, python: str
           pins_from_metadata: bool = True, **edits: Any) -> dict[str, Any]:
     """The H200 fixture with a whole stack swapped in: sglang ``release`` with the pins its wheel's METADATA states
     (or none, as on a host whose METADATA could not be read), the given torch / kernel / flashinfer / Python."""
-    row = abi.STACKS[release]
+    row = abi.stack_table()[release]
     local = "cpu" if cuda is None else "cu" + cuda.replace(".", "")
     pins = {"torch": f"=={row.torch}", "sglang-kernel": f"=={row.kernel}", "flashinfer-python": f"=={row.flashinfer}",
             "transformers": "==5.12.1"} if pins_from_metadata else {}
@@ -210,27 +210,60 @@ SUITE_WHEELS = ("0.5.11", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.23")
 
 @pytest.mark.wheels  # it fetches the real wheels (make test-fast leaves it out)
 def test_stack_table_matches_the_wheels_read_by_the_suite() -> None:
-    """Each row against the real wheel's METADATA for the releases the suite reads (0.5.11, 0.5.14-0.5.17, 0.5.23)."""
+    """Each row (the ``stack:`` of the release's patch-set folder) against the real wheel's METADATA for the releases
+    the suite reads (0.5.11, 0.5.14-0.5.17, 0.5.23), as written and as ``patchset port`` reads it."""
     import zipfile
     from email.parser import Parser
 
     from packaging.requirements import Requirement
 
+    from ddtree_deploy.patchset.port import pinned_stack
     from ddtree_deploy.wheels import fetch_wheel
 
     # fetched here (cached for the rest of the suite): a test that read only what other files had fetched
     # found nothing when it ran before them on its worker
+    table = abi.stack_table()
     for release in SUITE_WHEELS:
         wheel = fetch_wheel("sglang", release)
         with zipfile.ZipFile(wheel) as zf:
-            meta = Parser().parsestr(zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+            text = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        meta = Parser().parsestr(text)
         reqs = {Requirement(r).name.lower().replace("_", "-"): Requirement(r) for r in meta.get_all("Requires-Dist")
                 if "extra ==" not in r}
-        row = abi.STACKS[release]
+        row = table[release]
         assert str(reqs["torch"].specifier) == f"=={row.torch}", release
         assert str(reqs["sglang-kernel"].specifier) == f"=={row.kernel}", release
         assert str(reqs["flashinfer-python"].specifier) == f"=={row.flashinfer}", release
         assert meta["Requires-Python"] == f">={row.python_min}", release
+        assert pinned_stack(text) == {"torch": row.torch, "kernel": row.kernel, "flashinfer": row.flashinfer,
+                                      "python": row.python_min}, release
+
+
+def test_stack_table_is_read_from_the_patch_set_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every release with a folder has its row, from that folder's ``stack:``; a folder added under the patches
+    root in use (a new base, ported) gives its release a row with no edit of the tool; a release with no folder has
+    none, and is judged by the host's own METADATA pins alone."""
+    from packaging.version import Version
+
+    table = abi.stack_table()
+    folders = sorted((p.name.split("-", 1)[1] for p in (REPO / "patches" / "ddtree").glob("sglang-*")), key=Version)
+    assert list(table) == folders, "a row per folder, oldest first"
+    assert table["0.5.17"] == abi.Stack("2.11.0", "0.4.5", "0.6.15.post1", "3.10", None)
+    assert table["0.5.22"] == abi.Stack("2.14.1", "0.4.9", "0.7.1", "3.11", 13)
+    newest = Version(folders[-1])
+    later = f"{newest.major}.{newest.minor}.{newest.micro + 1}"  # a release after every folder there is
+    assert later not in table
+    new = tmp_path / "patches" / "ddtree" / f"sglang-{later}"
+    new.mkdir(parents=True)
+    text = (REPO / "patches" / "ddtree" / f"sglang-{folders[-1]}" / "patchset.yaml").read_text()
+    (new / "patchset.yaml").write_text(text.replace(folders[-1], later).replace('python: "3.11"', 'python: "3.12"'))
+    monkeypatch.setenv("DDTREE_PATCHES", str(tmp_path / "patches"))
+    table = abi.stack_table()
+    assert table[later].python_min == "3.12" and table["0.5.23"] == abi.Stack("2.14.1", "0.4.10", "0.7.2", "3.11", 13)
+    facts = stack("0.5.23", torch="2.14.1", kernel="0.4.10", flashinfer="0.7.2", packages__sglang__version=later,
+                  python="3.11.7")
+    [floor] = abi.rule_python_floor("h", facts)
+    assert floor.rule == "python-floor" and f"sglang {later} needs Python >= 3.12" in floor.what
 
 
 @pytest.mark.parametrize("case,rule,facts,expected", HOST_CASES, ids=[c[0] for c in HOST_CASES])

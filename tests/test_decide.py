@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.decide import Observed, decide, launch_drift, snapshot_step, wanted_launch
+from ddtree_deploy.hoststate import ReleaseState
 from ddtree_deploy.inventory import load_host_file
 from ddtree_deploy.overlay import Overlay, OverlayFile
 
@@ -40,7 +41,8 @@ def _deployed(host, digest: str = OVERLAY.digest, launch: str | None = None, **s
     state = {"active": "r1", "previous_good": None, "pending": None, "bad": [],
              "releases": [{"id": "r1", "status": "good", "overlay_digest": digest}]}
     running = launch if launch is not None else wanted_launch(host)
-    return Observed(state, {"kind": "managed", "launch": running, "ddtree": True, "env": {}, **server}, True)
+    return Observed(ReleaseState.of(state), {"kind": "managed", "launch": running, "ddtree": True, "env": {}, **server},
+                    True)
 
 
 def test_deployed_host_with_the_same_overlay_and_flags_is_unchanged(host) -> None:
@@ -76,10 +78,11 @@ def test_a_new_overlay_is_a_new_release_and_force_redoes_the_same(host) -> None:
 def test_first_deploy_records_a_baseline_and_settles_a_pending_switch(host) -> None:
     state = {"active": None, "previous_good": None, "bad": [], "releases": [],
              "pending": {"release": "r0", "run": "dead-run"}}
-    d = decide(Observed(state, None, False), OVERLAY, host)
+    observed = Observed(ReleaseState.of(state), None, False)
+    d = decide(observed, OVERLAY, host)
     assert [s.action for s in d.steps] == ["settle", "baseline", "push", "switch", "check", "restart", "probe"]
     assert d.reason == "no overlay is active" and d.flag_diff == ()
-    assert [s.action for s in decide(Observed(state, None, False), OVERLAY, host, record_baseline=False).steps][1] == "push"
+    assert [s.action for s in decide(observed, OVERLAY, host, record_baseline=False).steps][1] == "push"
 
 
 def test_snapshot_step_missing_stale_fresh() -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.overlay import OverlayFile
-from ddtree_deploy.release import BaseDrift, LockHeld, PushFailed, ReleaseManager, rollback_target
+from ddtree_deploy.hoststate import ReleaseState
+from ddtree_deploy.release import BaseDrift, LockHeld, PushFailed, ReleaseManager
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import overlay, remove_root, standin_host
 
@@ -209,9 +210,9 @@ def test_cleanup_keeps_newest_and_never_the_active_or_rollback_target(sandbox):
 def test_rollback_target_comes_from_recorded_state_not_directory_order():
     rel = lambda i, s: {"id": i, "status": s, "exists": True}  # noqa: E731
     state = {"releases": [rel("a", "good"), rel("b", "good"), rel("c", "pushed")], "previous_good": "a", "bad": []}
-    assert rollback_target(state, "c") == "a"  # not "b", the newer directory
-    assert rollback_target({**state, "bad": ["a"]}, "c") == "b"  # recorded target went bad: newest good one
-    assert rollback_target({**state, "previous_good": None}, "c") is None  # first overlay: back to the installed package
+    assert ReleaseState.of(state).rollback_target("c") == "a"  # not "b", the newer directory
+    assert ReleaseState.of({**state, "bad": ["a"]}).rollback_target("c") == "b"  # recorded target went bad: newest good
+    assert ReleaseState.of({**state, "previous_good": None}).rollback_target("c") is None  # first overlay: installed
 
 
 def test_rollback_on_a_full_disk_moves_current_first_and_needs_no_new_space(sandbox):

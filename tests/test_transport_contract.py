@@ -24,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from ddtree_deploy.errors import OperationFailed, RemoteError, TransportError
+from ddtree_deploy.errors import InputError, OperationFailed, RemoteError, TransportError
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.release import ReleaseManager
 from ddtree_deploy.remote import RESULT_MARKER
@@ -216,11 +216,33 @@ def test_the_lock_refuses_a_transport_that_cannot_hold_a_session(tmp_path: Path)
     assert not (tmp_path / "ddtree" / "lock").exists()
 
 
-def test_the_host_files_connection_choices_are_the_registry() -> None:
-    import typing
+def test_the_host_files_connection_choices_are_the_registry(tmp_path: Path) -> None:
+    """A kind is a host file's ``connection`` from the moment it is registered: no change to the inventory or to the
+    committed JSON Schema (where ``connection`` is a string, the kinds its examples), and a kind not registered is
+    refused naming the ones that are."""
+    import jsonschema
+    import yaml
 
-    from ddtree_deploy.inventory import HostFile
+    from ddtree_deploy.inventory import host_file_schema, load_host_file
+    from ddtree_deploy.transport import register
 
-    assert typing.get_args(HostFile.model_fields["connection"].annotation) == tuple(TRANSPORTS)
-    with pytest.raises(ValueError, match=r"unknown connection 'telnet' \(known: ssh, local"):
-        transport_class("telnet")
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    doc = {"connection": "other", "address": "h", "python": sys.executable, "site_packages": site,
+           "release_root": str(tmp_path / "ddtree")}
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InputError, match=r"h.yaml: field 'connection': expected one of 'ssh', 'local', got 'other'"):
+        load_host_file(path)
+    with pytest.raises(ValueError, match=r"unknown connection 'other' \(known: ssh, local"):
+        transport_class("other")
+    committed = json.loads((Path(__file__).resolve().parent.parent / "hosts" / "host.schema.json").read_text())
+    register("other", "local:LocalConnection")
+    try:
+        host = load_host_file(path)
+        assert host.connection == "other" and transport_class("other") is LocalConnection
+        assert host_file_schema()["properties"]["connection"]["examples"] == list(TRANSPORTS)
+        assert not list(jsonschema.Draft202012Validator(committed).iter_errors(doc)), "the committed schema takes it"
+    finally:
+        del TRANSPORTS["other"]
+    assert committed["properties"]["connection"]["type"] == "string" and "enum" not in committed["properties"][
+        "connection"]

@@ -5,9 +5,9 @@ labels unless the specifier names one), yet an extension built against one fails
 ``undefined symbol``, a CUDA 13 runtime fails on a 570 driver, and a GPU whose arch is missing from torch's arch list
 fails with ``no kernel image is available``. Each rule below is one small function over ``ddtree_deploy.facts``
 records that returns ``Finding``s; nothing here talks to a host. The package, by job: ``findings`` (the verdict
-type), ``rules`` (the rules and the checks that run them), ``stacks`` (one row per SGLang release: the torch,
-sglang-kernel, flashinfer and Python it needs, and the rules that read it), ``render`` (the matrix and findings
-tables).
+type), ``rules`` (the rules and the checks that run them), ``stacks`` (one row per SGLang release, read from its
+patch-set folder: the torch, sglang-kernel, flashinfer and Python it needs, and the rules that read it), ``render``
+(the matrix and findings tables).
 
 Public API:
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from .findings import ERROR, INFO, WARNING, Finding, has_errors, sort_findings
 from .render import matrix, matrix_rows, render
-from .stacks import STACKS, Stack, rule_companion_pins, rule_cuda_major, rule_kernel_torch, rule_python_floor
+from .stacks import Stack, stack_table, rule_companion_pins, rule_cuda_major, rule_kernel_torch, rule_python_floor
 from .rules import (
     COMPILED_AGAINST_TORCH,
     DRIVER_MINIMUM,
@@ -51,6 +51,6 @@ __all__ = [
     "check_host", "check_hosts", "check_overlay", "has_errors", "matrix", "matrix_rows", "render",
     "rule_base_version", "rule_compiled_files_built_elsewhere", "rule_compiled_glibc", "rule_driver_supports_cuda",
     "rule_gpu_arch_in_arch_list", "rule_requirements", "rule_shared_binaries", "rule_torch_importable",
-    "rule_torch_pins", "sort_findings", "STACKS", "Stack", "rule_companion_pins", "rule_cuda_major",
+    "rule_torch_pins", "sort_findings", "Stack", "stack_table", "rule_companion_pins", "rule_cuda_major",
     "rule_kernel_torch", "rule_python_floor",
 ]

@@ -2,22 +2,28 @@
 
 SGLang pins its compiled companions exactly (torch, sglang-kernel, flashinfer-python); every release here asks for
 ``cuda-python>=13.0``, and from 0.5.18 (torch 2.13 / 2.14) the releases are built for the CUDA 13 stack alone (their
-kernels and ``flashinfer_python[cu13]``); 0.5.22 raised its ``Requires-Python`` to 3.11. The rows were read from
-each release's wheel METADATA (``Requires-Dist`` / ``Requires-Python``). The host's facts carry the pins read from the installed wheel's own METADATA
-(``packages.sglang.pins``), and those win; the table adds what the facts do not carry (the Python floor and the CUDA
-major) and names the pins for a host whose METADATA could not be read. A release missing from the table is judged by
-its METADATA pins alone. Adding a release is one row.
+kernels and ``flashinfer_python[cu13]``); 0.5.22 raised its ``Requires-Python`` to 3.11. The rows come from the
+patch sets' folders: each ``patches/<name>/sglang-<version>/patchset.yaml`` records in ``stack:`` what that release's
+wheel METADATA pins (``Requires-Dist`` / ``Requires-Python``, written by ``patchset port``) and the CUDA major its
+companions are built on, so a release with a folder needs no row here. The host's facts carry the pins read from
+the installed wheel's own METADATA (``packages.sglang.pins``), and those win; the table adds what the facts do not
+carry (the Python floor and the CUDA major) and names the pins for a host whose METADATA could not be read. A release
+with no folder is judged by its METADATA pins alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .. import paths
 from ..facts import flashinfer_package, get, kernel_package
+from ..patchset.format import PATCHSET_FILE, read_patchset_file
 from .findings import ERROR, WARNING, Finding
 
 
@@ -31,20 +37,28 @@ class Stack:
     cuda_major: int | None  # the one CUDA major its extras build on (None: whichever torch build the host has)
 
 
-#: From each release's wheel METADATA (Requires-Dist / Requires-Python).
-STACKS: dict[str, Stack] = {
-    "0.5.11": Stack("2.11.0", "0.4.2", "0.6.8.post1", "3.10", None),
-    "0.5.14": Stack("2.11.0", "0.4.4", "0.6.12", "3.10", None),
-    "0.5.15": Stack("2.11.0", "0.4.4", "0.6.12", "3.10", None),
-    "0.5.16": Stack("2.11.0", "0.4.5", "0.6.14", "3.10", None),
-    "0.5.17": Stack("2.11.0", "0.4.5", "0.6.15.post1", "3.10", None),
-    "0.5.18": Stack("2.13.0", "0.4.6.post1", "0.6.17", "3.10", 13),
-    "0.5.19": Stack("2.13.0", "0.4.6.post1", "0.6.18", "3.10", 13),
-    "0.5.20": Stack("2.13.0", "0.4.7", "0.6.18", "3.10", 13),
-    "0.5.21": Stack("2.13.0", "0.4.7", "0.6.18", "3.10", 13),
-    "0.5.22": Stack("2.14.1", "0.4.9", "0.7.1", "3.11", 13),
-    "0.5.23": Stack("2.14.1", "0.4.10", "0.7.2", "3.11", 13),
-}
+def stack_table() -> dict[str, Stack]:
+    """Release -> its row, from the ``stack:`` of every SGLang patch-set folder under the patches root in use and
+    under the tool's own patch sets (the root's first where both have a release), oldest release first."""
+    own = paths.checkout_root() / "patches" if paths.checkout_root() else paths.PACKAGED_PATCHES
+    rows: dict[str, Stack] = {}
+    for root in dict.fromkeys([paths.patches_root().resolve(), own.resolve()]):
+        for release, row in _stacks_under(root).items():
+            rows.setdefault(release, row)
+    return dict(sorted(rows.items(), key=lambda kv: Version(kv[0])))
+
+
+@lru_cache(maxsize=8)
+def _stacks_under(root: Path) -> dict[str, Stack]:
+    rows: dict[str, Stack] = {}
+    for yaml_path in sorted(root.glob(f"*/*/{PATCHSET_FILE}")):
+        _, data = read_patchset_file(yaml_path)
+        stack = data["stack"]
+        if stack and data["base"]["package"] == "sglang":
+            rows.setdefault(Version(data["base"]["version"]).public,
+                            Stack(stack["torch"], stack["kernel"], stack["flashinfer"], stack["python"], stack["cuda"]))
+    return rows
+
 
 #: SGLang's companions whose compiled code is built against one exact release of each other: a mismatch does not load.
 COMPILED_COMPANIONS = ("sglang-kernel", "flashinfer-python")
@@ -62,7 +76,7 @@ def stack_of(facts: dict[str, Any]) -> tuple[str, Stack] | None:
     installed = _version(get(facts, "packages.sglang.version") or get(facts, "sglang.version"))
     if installed is None:
         return None
-    row = STACKS.get(installed.public)
+    row = stack_table().get(installed.public)
     return (installed.public, row) if row else None
 
 
@@ -156,8 +170,9 @@ def rule_companion_pins(host: str, facts: dict[str, Any]) -> list[Finding]:
 def kernel_torch(kernel_version: str) -> tuple[str, list[str]] | None:
     """The torch an sglang-kernel release is built against, read off the SGLang releases that pin that kernel (its
     PyPI build is made for their torch), with those releases; None for a kernel no row names."""
-    releases = [r for r, row in STACKS.items() if row.kernel == kernel_version]
-    torches = {STACKS[r].torch for r in releases}
+    table = stack_table()
+    releases = [r for r, row in table.items() if row.kernel == kernel_version]
+    torches = {table[r].torch for r in releases}
     return (torches.pop(), releases) if len(torches) == 1 else None
 
 

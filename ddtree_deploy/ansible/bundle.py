@@ -13,11 +13,11 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
-from ..baseline import baseline_path
+from ..hoststate import HostLayout
 from ..errors import AbiIncompatible, InputError
 from ..inventory import Host, probe_setting, server_setting
 from ..overlay import Overlay
-from ..probe import _log_source, _pid_source, guard_spec
+from ..probe import guard_spec, log_source, pid_source
 from ..release import overlay_tar_chunks
 from ..server import base_url, require_server, server_env, server_spec, server_kind
 from ..decide import wanted_launch
@@ -33,10 +33,10 @@ def host_plan(host: Host, overlay: Overlay | None = None, *, base_hashes: dict[s
     """Everything the host side needs, from the host file (settings through server_setting / probe_setting, so the
     defaults are the schema's) and the overlay (its files and hashes; the bytes travel beside it)."""
     probe: dict[str, Any] = {k: probe_setting(host, k) for k in _PROBE_KEYS}
-    probe.update(env=server_env(host), base_url=base_url(host), baseline_path=baseline_path(host),
+    probe.update(env=server_env(host), base_url=base_url(host), baseline_path=HostLayout.of(host).baseline,
                  health_url=base_url(host) + str(probe_setting(host, "health_path")))
     if server_kind(host) != "none":
-        probe.update(pid_source=_pid_source(host), log_source=_log_source(host))
+        probe.update(pid_source=pid_source(host), log_source=log_source(host))
     plan: dict[str, Any] = {
         "host": host.name, "python": host.python, "site_packages": host.site_packages, "release_root": host.release_root,
         "keep_releases": host.keep_releases, "command_timeout": host.command_timeout, "probe": probe,

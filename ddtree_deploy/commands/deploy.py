@@ -19,6 +19,7 @@ from ..deploy import ApplyReport
 from .. import paths
 from ..dryrun import summary_lines
 from ..errors import EXIT_FAILED, EXIT_USAGE, InputError, OperationFailed
+from ..hoststate import ReleaseState
 from ..fleet import read_retry_file, rollout, write_retry_file
 from ..inventory import Host
 from ..ddtree_stats import describe_ddtree
@@ -352,20 +353,20 @@ def releases_cmd(
     if as_json:
         emit_json(info)
         return
-    st = info["state"]
+    st = ReleaseState.of(info["state"])
     if info.get("flag_drift"):
         warn_flag_drift(h.name, info["flag_drift"])
     rows = []
-    for r in reversed(st["releases"]):
-        flags = ", ".join(x for x, on in (("active", r["id"] == st["active"]), ("rollback target", r["id"] == st["previous_good"]))
+    for r in reversed(st.releases):
+        flags = ", ".join(x for x, on in (("active", r["id"] == st.active), ("rollback target", r["id"] == st.previous_good))
                           if on)
         rows.append([r["id"], r.get("status"), flags, f"{r.get('patchset')} {r.get('patchset_version')}", r.get("base_version"),
                      r.get("created"), r.get("note", "")[:60]])
     out.print(table(f"{h.name}: releases under {info['root']} (current → {info['current'] or 'nothing'})",
                     ["id", "status", "", "patch set", "base", "created", "note"], rows))
-    if st["active"] is None:
+    if st.active is None:
         out.print("no overlay active: the server imports the installed package")
-    pending = st.get("pending")
+    pending = st.pending
     if pending and info.get("lock_state") in ("free", "dead"):
         out.print(f"[bold red]release {pending.get('release')} was switched in by run {pending.get('run')} and never probed; "
                   f"the next command that changes this host settles it (or `ddtree-deploy probe {h.name}` now)[/bold red]",

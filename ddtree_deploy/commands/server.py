@@ -15,6 +15,7 @@ from ..cli_errors import Group
 from .. import hostops
 from ..console import emit_json, err, out, table
 from ..errors import EXIT_FAILED
+from ..hoststate import ReleaseState
 from ..inventory import Host
 from ..server import ServerControl
 from ..transport import HostConnection
@@ -29,7 +30,7 @@ server_app = typer.Typer(cls=Group, help="The SGLang server of a host, as its ho
 def _server_read(h: Host, fn: Any) -> Any:
     with HostConnection(h) as conn:
         ctl = ServerControl(conn)
-        active = conn.call("release", "show", root=h.release_root)["state"]["active"]
+        active = ReleaseState.read(conn, h).active
         return fn(ctl, active)
 
 

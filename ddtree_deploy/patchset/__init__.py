@@ -3,7 +3,9 @@
 The work is split by job: ``diff`` (the unified-diff parser and the refusals of what an overlay cannot be),
 ``format`` (the YAML + series format and every refusal of hostile input), ``base`` (where base files come from: a
 snapshot or a wheel), ``apply`` (all-or-nothing apply onto a staging copy → an Overlay, and the dry-run diff),
-``build`` (``patchset build``: the overlay written to a directory), ``dev`` (the quilt-like developer workflow).
+``build`` (``patchset build``: the overlay written to a directory), ``dev`` (the quilt-like developer workflow),
+``traits`` (what a base's folder says about it besides the series: its traits, generated into the overlay as one
+table of the family, and its stack).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from .diff import MODE_EXEC, PatchFile
 from .format import MAX_FILE_BYTES, PatchSet, read_vendored
 from .hooks import check_hooks, format_mismatches, plugin_files
 from .lifecycle import gate
+from .traits import traits_files
 
 Progress = Callable[[str], None]
 
@@ -199,7 +200,7 @@ def _apply(patchset: PatchSet, base: BaseSource, warnings: list[str], *, three_w
             if steps[idx].status == "3-way":
                 notes.append(f"--3way used: {patch.name} did not apply exactly; {steps[idx].detail}")
         files = sorted(_collect(stage, patchset, base, base_bytes, staged, created)
-                       + plugin_files(patchset, hook_hashes), key=lambda f: f.path)
+                       + plugin_files(patchset, hook_hashes) + traits_files(patchset), key=lambda f: f.path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     overlay = Overlay(package=base.package, patchset=patchset.qualified_name, patchset_version=patchset.version,

@@ -82,6 +82,9 @@ class PatchSet:
     vendor: tuple[Runtime, ...] = ()
     plugin: Plugin | None = None
     hooks: tuple[Hook, ...] = ()
+    traits: dict[str, Any] = field(default_factory=dict)  # this base's row of what the vendored code reads
+    traits_file: str | None = None  # overlay path of the generated table of the family's traits (JSON)
+    stack: dict[str, Any] | None = None  # what the base's wheel pins (``stack:``), for the ABI check
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -130,6 +133,7 @@ class PatchSet:
                        for v in self.vendor],
             "plugin": None if self.plugin is None else dict(self.plugin.__dict__),
             "hooks": [{k: v for k, v in h.__dict__.items() if k != "index" and v} for h in self.hooks],
+            "traits": dict(self.traits), "traits_file": self.traits_file, "stack": self.stack,
         }
 
 
@@ -188,8 +192,29 @@ def _check_series_entry(value: Any) -> str | None:
     return _check_series_name(value["patch"])
 
 
+_TRAIT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def _check_traits(value: dict[Any, Any]) -> str | None:
+    for key, v in value.items():
+        if not isinstance(key, str) or not _TRAIT.match(key):
+            return f"trait {key!r} is not a lower-case identifier (e.g. draft_width)"
+        if not isinstance(v, (str, bool, int)) or isinstance(v, float):
+            return f"trait {key!r}: expected true / false, an integer or a word, got {v!r}"
+    return None
+
+
+def _check_python_floor(value: str) -> str | None:
+    return None if re.match(r"^3\.\d{1,2}$", value) else "expected a Python release such as '3.11' (quote it)"
+
+
+def _check_cuda_major(value: int) -> str | None:
+    return None if 10 <= value <= 99 else "expected a CUDA major such as 13"
+
+
 Name = checked(str, _check_name)
 VersionText = checked(str, _check_version)
+Traits = checked(dict[Any, Any], _check_traits, "a mapping of trait names to true / false, an integer or a word")
 
 
 class _Base(Strict):
@@ -213,6 +238,17 @@ class _Plugin(Strict):
     entry: str = setting(help="module:function that registers the hooks, in the vendored code")
     hooks_file: str = setting(help="where the overlay puts the generated hook table (JSON), e.g. "
                               "sglang/srt/speculative/ddtree_v2/plugin_hooks.json")
+
+
+class _Stack(Strict):
+    """``stack:``: what the base's wheel METADATA pins (``patchset port`` writes it; the ABI check reads it)."""
+
+    torch: VersionText = setting(help="the exact torch the base pins (Requires-Dist torch==)")
+    kernel: VersionText = setting(help="the exact sglang-kernel it pins")
+    flashinfer: VersionText = setting(help="the exact flashinfer-python it pins")
+    python: checked(str, _check_python_floor) = setting(help="Requires-Python's floor, e.g. '3.11'")
+    cuda: Optional[checked(int, _check_cuda_major)] = setting(
+        None, help="the one CUDA major its compiled companions are built on (null: either)")
 
 
 class _Hook(Strict):
@@ -240,6 +276,11 @@ class PatchSetFile(Strict):
     # Changes delivered as hooks through SGLang's plugin framework (patchset/hooks.py) instead of text patches.
     plugin: Optional[_Plugin] = setting(None)
     hooks: list[_Hook] = setting(factory=list)
+    # What the base's own folder says about it besides the series (patchset/traits.py).
+    stack: Optional[_Stack] = setting(None)
+    traits: Traits = setting(factory=dict, help="this base's facts the vendored code reads")
+    traits_file: Optional[str] = setting(None, help="where the overlay puts the generated table of every base's "
+                                         "traits (JSON), e.g. sglang/srt/speculative/ddtree_v2/bases.json")
 
 
 def check_regular_file(path: Path, *, what: str) -> None:
@@ -375,7 +416,9 @@ def find_patchset_for(name: str, base_version: str, *, package: str = "sglang", 
     )
 
 
-def _load_yaml(yaml_path: Path) -> PatchSet:
+def read_patchset_file(yaml_path: Path) -> tuple[Any, dict[str, Any]]:
+    """``patchset.yaml`` read and its fields validated (the document, and the data with defaults), without the
+    series or the vendored files: what a reader of one section (traits, stack) needs."""
     src = str(yaml_path)
     raw_bytes = read_limited(yaml_path, what="patch-set file")
     try:
@@ -384,7 +427,12 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
         raise InputError(f"{src}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{src}: invalid YAML: {exc}") from None
-    data = validate(doc, PatchSetFile, source=src)
+    return doc, validate(doc, PatchSetFile, source=src)
+
+
+def _load_yaml(yaml_path: Path) -> PatchSet:
+    src = str(yaml_path)
+    doc, data = read_patchset_file(yaml_path)
     base = data["base"]
     package = base["package"]
     ps_dir = yaml_path.parent
@@ -437,9 +485,11 @@ def _load_yaml(yaml_path: Path) -> PatchSet:
                   vendor=tuple(_load_runtime(v, ps_dir, package, src, field=f"vendor[{i}]")
                                for i, v in enumerate(data["vendor"])),
                   plugin=Plugin(**data["plugin"]) if data["plugin"] else None,
-                  hooks=tuple(check_hook_fields(h, i, src) for i, h in enumerate(data["hooks"])), raw=doc)
+                  hooks=tuple(check_hook_fields(h, i, src) for i, h in enumerate(data["hooks"])),
+                  traits=dict(data["traits"]), traits_file=data["traits_file"], stack=data["stack"], raw=doc)
     _cross_check(ps, src)
     _check_plugin(ps, src)
+    _check_generated(ps, src)
     return ps
 
 
@@ -512,6 +562,24 @@ def _cross_check(ps: PatchSet, src: str) -> None:
     if clash:
         raise InputError(f"{src}: field '{owners[clash[0]]}.dest': {clash[0]} is both patched by the series and "
                          "vendored; keep one owner per file")
+
+
+def _check_generated(ps: PatchSet, src: str) -> None:
+    """The traits table goes where a generated file may: a new .json file of the package that nothing else
+    writes; and there are traits to put in it."""
+    tf = ps.traits_file
+    if tf is None:
+        return
+    if not ps.traits:
+        raise InputError(f"{src}: field 'traits_file': the patch set has no traits to write there; add 'traits' "
+                         "or drop 'traits_file'")
+    check_path_in_package(tf, ps.base_package, what=f"{src}: field 'traits_file'")
+    if not tf.endswith(".json"):
+        raise InputError(f"{src}: field 'traits_file': {tf!r} must be a .json file")
+    vendored = {dest for v in ps.vendored for dest, _ in v.files}
+    if tf in vendored or tf in ps.touched_files() or (ps.plugin is not None and tf == ps.plugin.hooks_file):
+        raise InputError(f"{src}: field 'traits_file': {tf} is also vendored, patched or the hook table; it is "
+                         "generated")
 
 
 def _check_plugin(ps: PatchSet, src: str) -> None:

@@ -21,9 +21,11 @@ When nothing conflicts, the new series is committed in a small git repository (t
 one commit per patch with the original's author, date and message) and written with the same `git format-patch`
 form ``patchset refresh`` uses, so a ported series is byte-identical to what dev + refresh would give for the same
 content. A patch left empty (every hunk ``present``) drops out of the series and is reported. ``patchset.yaml`` is
-the old one with ``base.version``, ``base.files``, the series and the requirements the new wheel pins (torch,
-python) rewritten, its comments kept. Nothing is written into the patches tree on a conflict (exit 5) or under
-``dry_run``, and an existing series folder is replaced only with ``force``.
+the old one with ``base.version``, ``base.files``, the series, the requirements the new wheel pins (torch, python)
+and its ``stack:`` (the exact torch, sglang-kernel and flashinfer-python it pins, its Python floor) rewritten, its
+comments kept; what METADATA does not say is copied from the old base and named in the notes for review: the
+``traits:`` (what the vendored code reads about the base) and ``stack.cuda``. Nothing is written into the patches
+tree on a conflict (exit 5) or under ``dry_run``, and an existing series folder is replaced only with ``force``.
 
 Hooks (``hooks:``, delivered through SGLang's plugin framework) are ported by reading each target's definition in
 the new base: ``unchanged`` (same sha256), ``changed`` (the new hash is written into the new ``patchset.yaml`` and
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ..errors import InputError, PatchDoesNotApply
@@ -231,6 +234,30 @@ def pinned_requirements(metadata: str) -> dict[str, str]:
     return out
 
 
+#: ``stack:`` field -> the distribution whose exact pin it records.
+STACK_PINS = {"torch": "torch", "kernel": "sglang-kernel", "flashinfer": "flashinfer-python"}
+
+
+def pinned_stack(metadata: str) -> dict[str, str] | None:
+    """What ``stack:`` records from a wheel's METADATA: the exact release of each of ``STACK_PINS`` (a pin under a
+    marker or an extra pins nothing) and Requires-Python's floor; None when one of them is not there."""
+    msg = email.parser.HeaderParser().parsestr(metadata)
+    out: dict[str, str] = {}
+    for line in msg.get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(str(line))
+        except InvalidRequirement:
+            continue
+        field_ = next((k for k, d in STACK_PINS.items() if canonicalize_name(req.name) == d), None)
+        pins = [s.version for s in req.specifier if s.operator == "=="]
+        if field_ and req.marker is None and len(pins) == 1:
+            out[field_] = pins[0]
+    floor = re.match(r"^>=\s*(3\.\d+)$", str(msg.get("Requires-Python") or "").strip())
+    if floor:
+        out["python"] = floor.group(1)
+    return out if set(out) == {*STACK_PINS, "python"} else None
+
+
 # -- the port ------------------------------------------------------------------------------------------------------------
 class _Work:
     """The ``--work`` directory: conflict files to edit, and the record of what each was made from."""
@@ -347,6 +374,8 @@ def port_patchset(patchset: PatchSet, old_base: BaseSource, new_base: BaseSource
         requires.update(pinned_requirements(metadata))
     else:
         notes.append(f"{new_base.label} carries no METADATA: requires kept from {patchset.base_version}")
+    stack = pinned_stack(metadata) if metadata and patchset.stack else None
+    notes += _copied_forward(patchset, stack, to_version)
     result = PortResult(name=patchset.name, from_version=patchset.base_version, to_version=to_version,
                         base=new_base.describe(), dest=str(dest), work=str(work), patches=reports,
                         series=[p.name for p, _ in ported], base_files={}, requires=requires, written=False,
@@ -367,7 +396,7 @@ def port_patchset(patchset: PatchSet, old_base: BaseSource, new_base: BaseSource
         bodies, base_files = _format_series(Path(tmp), patchset, new_base_files, [(p, results[patchset.patches.index(p)])
                                                                                  for p, _ in ported])
     result.base_files = base_files
-    new_yaml = _new_yaml(patchset, to_version, series_entries(patchset, result.series), base_files, requires)
+    new_yaml = _new_yaml(patchset, to_version, series_entries(patchset, result.series), base_files, requires, stack)
     new_yaml = update_hook_hashes(new_yaml, {i: h.new for i, h in enumerate(result.hooks) if h.status == "changed"})
     _validate(dest_root, dest.name, new_yaml, bodies)
     if not keep_work:
@@ -556,8 +585,35 @@ def update_hook_hashes(text: str, hashes: dict[int, str]) -> str:
     return "".join(out)
 
 
+def _copied_forward(patchset: PatchSet, stack: dict[str, str] | None, to_v: str) -> list[str]:
+    """The notes for what the new ``patchset.yaml`` takes from the old one unread: to review before it is trusted."""
+    from_v, notes = patchset.base_version, []
+    if patchset.traits:
+        notes.append(f"traits: copied from {from_v} ({', '.join(f'{k}: {json.dumps(v)}' for k, v in patchset.traits.items())}); "
+                     f"review them for {to_v}: what the vendored code reads about the base")
+    if patchset.stack and stack is None:
+        notes.append(f"stack: left out: {to_v}'s METADATA does not pin each of torch, sglang-kernel, flashinfer-python "
+                     "and a Python floor (the ABI check judges it by a host's own METADATA alone)")
+    elif patchset.stack:
+        notes.append(f"stack.cuda: copied from {from_v} ({json.dumps(patchset.stack.get('cuda'))}): METADATA does not "
+                     f"say which CUDA major {to_v}'s companions are built on; review it")
+    return notes
+
+
+def _stack_line(line: str, key: str, value: str) -> str:
+    """A ``stack:`` field's line with a new value, its comment kept in its column."""
+    body = line.rstrip("\n")
+    hash_at = re.search(r"\s#", body)
+    indent = body[:len(body) - len(body.lstrip())]
+    new = f'{indent}{key}: "{value}"'
+    if hash_at is None:
+        return new + "\n"
+    comment = body[hash_at.start():].lstrip()
+    return new.ljust(hash_at.start() + 1) + (" " if len(new) > hash_at.start() else "") + comment + "\n"
+
+
 def _new_yaml(patchset: PatchSet, to_v: str, series: list[Any], base_files: dict[str, str],
-              requires: dict[str, str]) -> str:
+              requires: dict[str, str], stack: dict[str, str] | None = None) -> str:
     text = patchset.yaml_path.read_text()
     from_v = patchset.base_version
     text, _ = update_yaml_text(text, series=series, base_files=base_files)
@@ -576,6 +632,12 @@ def _new_yaml(patchset: PatchSet, to_v: str, series: list[Any], base_files: dict
             m = re.match(r"^(\s+)([A-Za-z0-9_.-]+):\s*(.*?)(\s+#.*)?$", line.rstrip("\n"))
             if m and m.group(2) in requires:
                 line = f'{m.group(1)}{m.group(2)}: "{requires[m.group(2)]}"{m.group(4) or ""}\n'
+        elif section == "stack":
+            if stack is None:  # the new wheel does not say: no stack rather than the old base's
+                continue
+            m = re.match(r"^\s+([a-z]+):", line)
+            if m and m.group(1) in stack:
+                line = _stack_line(line, m.group(1), stack[m.group(1)])
         out.append(line)
     text = "".join(out)
     present = set(re.findall(r"^\s+([A-Za-z0-9_.-]+):", text.split("\nrequires:", 1)[1].split("\nseries:", 1)[0],

@@ -3,8 +3,10 @@
 ``TRANSPORTS`` maps a host file's ``connection`` value to the class that implements it, as ``"module:Class"``
 (a module of this package, or a dotted module path); the class is imported only when a host of that kind is
 connected, so paramiko loads only for SSH hosts. The host file's ``connection`` field accepts exactly the kinds
-listed here (``inventory.HostFile``), and tests/test_transport_contract.py runs the transport contract against
-every one. A new transport is its module, one line here, and (optionally) its own transport-specific tests.
+listed here, read when a file is loaded (``inventory.known_connection``; the JSON Schema gives them to editors as
+``examples``, not an ``enum``, so it needs no change for a new kind), and tests/test_transport_contract.py runs
+the transport contract against every one. A new transport is its module, one line here, and its
+``tests/test_transport_<kind>.py`` (the host the contract suite runs it on, and its own checks).
 
 ``connect(host)`` and ``HostConnection(host)`` give the same thing: an unopened connection of the class the
 host's ``connection`` names; use it as a context manager. The contract every class keeps is ``base``'s.
@@ -33,8 +35,8 @@ __all__ = ["TRANSPORTS", "register", "transport_class", "connect", "CHUNK", "STD
 
 
 def register(kind: str, target: str) -> None:
-    """Add (or replace) the transport for ``connection: <kind>``: ``target`` is ``"module:Class"``. A kind must be
-    registered before the inventory is imported for host files to accept it."""
+    """Add (or replace) the transport for ``connection: <kind>``: ``target`` is ``"module:Class"``. Host files
+    accept the kind from then on (the inventory reads the registry as it loads each file)."""
     if ":" not in target:
         raise ValueError(f"transport {kind!r}: expected 'module:Class', got {target!r}")
     TRANSPORTS[kind] = target

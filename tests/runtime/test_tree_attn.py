@@ -35,7 +35,7 @@ def _case(gen, *, prefixes, lens, n, hq, hkv, d, dv=None, dtype=torch.float32, g
     kv_indices = perm[: sum(prefixes)].to(torch.int32)
     kv_indptr = torch.tensor([0] + list(torch.cumsum(torch.tensor(prefixes), 0)), dtype=torch.int32)
     qo_indptr = torch.tensor([0] + list(torch.cumsum(torch.tensor(lens), 0)), dtype=torch.int32)
-    seg = [ln * (p + ln) for p, ln in zip(prefixes, lens)]
+    seg = [ln * (p + ln) for p, ln in zip(prefixes, lens, strict=True)]
     mask_indptr = torch.tensor([0] + list(torch.cumsum(torch.tensor(seg), 0)), dtype=torch.int64)
     fill = torch.randint(0, 2, (sum(seg) + 5,), generator=gen, dtype=torch.uint8) if garbage else \
         torch.zeros((sum(seg) + 5,), dtype=torch.uint8)

@@ -73,3 +73,21 @@ def test_tree_verifies_reach_ddtree_attention_through_the_backends_extend_kernel
     assert got["default_installs"] is False
     assert got["installs"] == [True, True] and got["wrapped_once"]
     assert "DDTREE_VERIFY_ATTN='fast'" in got["bad_value"] and "sglang, ddtree" in got["bad_value"]
+
+
+def test_paged_commit_copies_the_path_into_its_pages(v2_base: str, v2_scripts: dict):
+    """Page size > 1 (spec-v2/round.py ``paged_kv_rows`` and the runtime's ``move_path_kv``) on the base's real
+    ``MHATokenToKVPool`` (page size 16, 3 layers, on CPU): the path's rows are copied to the slots of their positions
+    in every layer's K and V and the other rows stay; a pool in another layout, with per-row scales or without
+    per-layer lists is refused with why; a hybrid's full-attention pool is the one used."""
+    got = script_result(v2_scripts, "paged_commit")
+    assert got["buffers"] == 6 and got["row"] == 16, "3 layers' K and V, rows of 2 heads x 8"
+    # request 0: path 0 -> 2 -> 3 -> 5 into slots 16..19 (positions prefix + 0..3); slots 20, 21 keep theirs
+    assert got["k"] == [[16 + 100 * layer, 18 + 100 * layer, 19 + 100 * layer, 21 + 100 * layer, 20 + 100 * layer,
+                         21 + 100 * layer] for layer in range(3)], got["k"]
+    # request 1: path 0 -> 1 is already in place: nothing moves
+    assert got["v"] == [[-(s + 100 * layer) for s in range(32, 36)] for layer in range(3)], got["v"]
+    assert "'hnd' layout" in got["hnd"] and "token-major" in got["hnd"]
+    assert "per-row scales" in got["scales"]
+    assert "no per-layer k_buffer / v_buffer" in got["no_lists"]
+    assert got["hybrid"] == 6

@@ -84,8 +84,17 @@ def test_port_rebuilds_the_0518_series(tmp_path: Path):
     assert rep["ok"] and rep["written"] and rep["series"] == [p.name for p in load_patchset(COMMITTED).patches]
     assert rep["requires"]["torch"] == ">=2.13,<2.14", "the torch line the 0.5.18 wheel pins"
     assert [p["status"] for p in rep["patches"]] == ["clean", "clean", "resolved", "clean"]
-    for f in [*rep["series"], "patchset.yaml"]:
+    for f in rep["series"]:
         assert (dest / f).read_bytes() == (COMMITTED / f).read_bytes(), f"{f} differs from the committed series"
+    # patchset.yaml: the committed one, stack pins read from the 0.5.18 wheel, but for the CUDA major, which METADATA
+    # does not say: the port copies 0.5.17's (either) and names it for review; the maintainer set 13 (0.5.18's
+    # torch 2.13 stack is CUDA 13 only). The traits are copied too, and named.
+    committed = (COMMITTED / "patchset.yaml").read_text()
+    assert "  cuda: 13  " in committed and '  kernel: "0.4.6.post1"' in committed
+    assert (dest / "patchset.yaml").read_text() == committed.replace("  cuda: 13  ", "  cuda: null"), (
+        "patchset.yaml differs from the committed one beyond the reviewed CUDA major")
+    assert any(n.startswith("stack.cuda: copied from 0.5.17 (null)") for n in rep["notes"]), rep["notes"]
+    assert any(n.startswith("traits: copied from 0.5.17 (draft_width: \"hook\"") for n in rep["notes"]), rep["notes"]
     assert (dest / "README.md").is_file()
 
     r = _port(root, work)

@@ -56,7 +56,7 @@ def test_apply_picks_the_series_by_the_installed_version():
     default name): every spec-v2 base gets its own folder, and a version without one names the bases there are."""
 
     assert {d.name.split("-", 1)[1] for d in (REPO / "patches" / "ddtree").glob("sglang-*")} == {"0.5.11", *BASES}, \
-        "every spec-v2 series folder has its row in spec-v2/bases.py"
+        "every spec-v2 series folder has its traits (the table spec-v2/bases.py reads)"
     for version in BASES:
         ps = find_patchset_for(DEFAULT_PATCHSET, version, root=REPO / "patches")
         assert ps.qualified_name == f"ddtree/sglang-{version}" and ps.base_version == version

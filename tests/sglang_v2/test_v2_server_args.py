@@ -58,6 +58,7 @@ CASES = {
     "b64_block8": ["--speculative-ddtree-budget", "64", "--speculative-dflash-block-size", "8"],
     "zero": ["--speculative-ddtree-budget", "0"], "too_big": ["--speculative-ddtree-budget", "1024"],
     "page16": ["--speculative-ddtree-budget", "15", "--page-size", "16"],
+    "page64_allowed": ["--speculative-ddtree-budget", "15", "--page-size", "64", "--speculative-ddtree-allow-unproven"],
     "flashinfer": ["--speculative-ddtree-budget", "15", "--attention-backend", "flashinfer"],
     "flashinfer_allowed": ["--speculative-ddtree-budget", "15", "--attention-backend", "flashinfer",
                            "--speculative-ddtree-allow-unproven"],
@@ -191,7 +192,7 @@ def test_ddtree_widths(v2_base, resolved, case, budget, block):
     ("zero", ["--speculative-ddtree-budget: a single budget must be >= 1", "write 1:0"]),
     ("word", ["--speculative-ddtree-budget: budget 'big' is not an integer"]),
     ("too_big", ["verify width", "1024"]),
-    ("page16", ["--page-size 16"]),
+    ("page16", ["is not proven with", "--page-size 16", "copied into its pages", "--speculative-ddtree-allow-unproven"]),
     ("flashinfer", ["not proven", "--attention-backend flashinfer", "--speculative-ddtree-allow-unproven"]),
     ("fa3", ["does not support", "fa3", "cascade"]),
     ("num_draft_tokens", ["do not pass --speculative-num-draft-tokens"]),
@@ -225,6 +226,13 @@ def test_unproven_backend_runs_when_allowed(v2_base, resolved):
         assert not c["ok"] and "KV-index translator" in c["msg"], c
         return
     assert c["ok"] and c["num_draft_tokens"] == 16, c
+
+
+def test_paged_kv_runs_when_allowed(v2_base, resolved):
+    """Page size > 1 is wired for triton (the accepted path's KV copied into its pages) but not proven on a GPU:
+    refused by default (test_refusals_name_the_flag), resolved with the flag."""
+    c = resolved["page64_allowed"]
+    assert c["ok"] and c["num_draft_tokens"] == 16 and c["budget"] == 15, c
 
 
 def test_kv_reservation_covers_draft_and_verify(v2_tree: Path, resolved):

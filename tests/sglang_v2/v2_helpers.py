@@ -24,22 +24,24 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "sglang_v1"))
 from sglang_series_helpers import write_torchvision_stub  # noqa: E402
 
-def _table(name: str):
-    """patches/ddtree/spec-v2/<name>.py, one of the spec-v2 tables (pure data: loaded by path)."""
-    import spec_v2_tables
+import spec_v2_tables  # noqa: E402
 
-    return spec_v2_tables.load(name)
-
-
-BASES_TABLE = _table("bases")
+#: patches/ddtree/spec-v2/bases.py and backends.py, loaded by path (pure data).
+BASES_TABLE = spec_v2_tables.load("bases")
 #: The target attention backends DDTree knows (backends.py: status, mask layout, reasons, page sizes).
-BACKENDS_TABLE = _table("backends")
-#: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/, one row in bases.py).
-BASES = tuple(BASES_TABLE.BASES)
-#: Where the bases' series differ (bases.py's ``Base`` says what each field means).
-TRAITS = BASES_TABLE.BASES
+BACKENDS_TABLE = spec_v2_tables.load("backends")
+#: Where the bases' series differ (each base folder's ``traits:``; bases.py's ``Base`` says what each field means).
+TRAITS = spec_v2_tables.bases_table()
+#: Every spec-v2 base the patch set covers (one folder each under patches/ddtree/, with its traits).
+BASES = tuple(TRAITS)
 BaseTraits = BASES_TABLE.Base
-with_trait = BASES_TABLE.with_trait
+
+
+def with_trait(name: str) -> tuple[str, ...]:
+    """The spec-v2 bases whose traits have ``name`` true, oldest first."""
+    return BASES_TABLE.with_trait(name, TRAITS)
+
+
 DEPS = Path(os.environ.get("DDTREE_SGLANG_V2_DEPS", REPO / ".cache" / "sglang-v2-deps"))
 #: Bases that pin other versions of some of those packages: requirements-cpu-<base>.txt, installed (by make install)
 #: into DEPS-<base>, which goes on PYTHONPATH in front of DEPS for that base only (0.5.14 pins transformers 5.8.1).
@@ -587,8 +589,51 @@ except Exception as e:
 print("RESULT" + json.dumps(out))
 '''
 
+# The commit with page size > 1 (spec-v2/round.py paged_kv_rows + the runtime's move_path_kv) on the base's real KV
+# pool, built on CPU: the accepted path's rows copied into the slots of their positions in every layer's K and V.
+PAGED_COMMIT_SCRIPT = r'''
+import json, types
+import torch
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.speculative import ddtree as rt
+from sglang.srt.speculative.ddtree_v2 import round as ddround
+
+NS = types.SimpleNamespace
+pool = MHATokenToKVPool(64, 16, torch.bfloat16, 2, 8, 3, "cpu", False)
+rows = ddround.paged_kv_rows(NS(token_to_kv_pool=pool))
+for layer in range(3):  # row r of layer l holds r + 100 l (K) and -(r + 100 l) (V)
+    ids = torch.arange(pool.get_key_buffer(layer).shape[0], dtype=torch.float32) + 100 * layer
+    pool.get_key_buffer(layer).copy_(ids[:, None, None].expand_as(pool.get_key_buffer(layer)))
+    pool.get_value_buffer(layer).copy_(-ids[:, None, None].expand_as(pool.get_value_buffer(layer)))
+nodes = torch.tensor([[0, 2, 3, 5], [0, 1, -1, -1]], dtype=torch.int32)  # two requests' accepted paths
+slots = torch.tensor([[16, 17, 18, 19, 20, 21], [32, 33, 34, 35, 36, 37]])
+walk = rt.WalkResult(accepted_nodes=nodes, accept_len=torch.tensor([3, 1], dtype=torch.int32),
+                     accepted_tokens=torch.zeros((2, 4), dtype=torch.int64), bonus_token=torch.zeros(2, dtype=torch.int64))
+rt.move_path_kv(rows, *rt.kv_compaction(walk, slots, impl="torch"), impl="torch")
+got = {"buffers": len(rows.buffers), "row": rows.row,
+       "k": [[int(pool.get_key_buffer(l)[s, 0, 0]) for s in range(16, 22)] for l in range(3)],
+       "v": [[int(pool.get_value_buffer(l)[s, 0, 0]) for s in range(32, 36)] for l in range(3)]}
+
+
+def refused(p):
+    try:
+        ddround.paged_kv_rows(NS(token_to_kv_pool=p))
+        return "accepted"
+    except ValueError as e:
+        return str(e)
+
+
+got["hnd"] = refused(NS(kv_cache_layout="hnd", k_buffer=pool.k_buffer, v_buffer=pool.v_buffer))
+got["scales"] = refused(NS(kv_cache_layout="nhd", k_buffer=pool.k_buffer, v_buffer=pool.v_buffer,
+                           k_scale_buffer=[torch.zeros(1)]))
+got["no_lists"] = refused(NS())
+got["hybrid"] = len(ddround.paged_kv_rows(NS(token_to_kv_pool=NS(full_kv_pool=pool))).buffers)
+print("RESULT" + json.dumps(got))
+'''
+
 CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("plugin", PLUGIN_SCRIPT, ()), ("metrics", METRICS_SCRIPT, ()),
-               ("flashinfer", FLASHINFER_SCRIPT, ()), ("verify_attention", VERIFY_ATTN_SCRIPT, ()))
+               ("flashinfer", FLASHINFER_SCRIPT, ()), ("verify_attention", VERIFY_ATTN_SCRIPT, ()),
+               ("paged_commit", PAGED_COMMIT_SCRIPT, ()))
 
 # The start-up refusals of tests/sglang_v2/test_hybrid_v2.py, through DDTreeRound.check_target on each base's real
 # classes: argv = (base, "hybrid" for a base whose series has the hybrid patch, else "plain").

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .commit import gather_path, path_first_slot_order
 from .compaction import kv_compaction
+from .kv_move import KVRows, move_path_kv
 from .mask import mask_numel, mask_offsets, write_verify_mask
 from .selftest import self_test
 from .topk import draft_topk, topk_logits_lse
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DraftTree",
+    "KVRows",
     "VerifyInputs",
     "WalkResult",
     "__version__",
@@ -63,6 +65,7 @@ __all__ = [
     "kv_compaction",
     "mask_numel",
     "mask_offsets",
+    "move_path_kv",
     "max_budget_for_bytes",
     "max_budget_for_memory",
     "path_first_slot_order",

@@ -3,7 +3,8 @@
 Vendored into an overlay as ``sglang/srt/speculative/ddtree_v2/``; the base's own files only gain small hooks
 (the patch series) that call into these modules:
 
-- :mod:`.bases`       one row per base: what its series does (the code and the tests read it).
+- :mod:`.bases`       what each base's series does: the ``traits:`` of each base's folder, which the build
+                      writes beside it as ``bases.json`` (the code and the tests read it).
 - :mod:`.backends`    one row per target attention backend: proven / wired-unproven / refused and why, the mask
                       layout it reads, its page sizes (``config`` and ``round`` read it).
 - :mod:`.config`      the ``--speculative-ddtree-*`` flags: validation at server-argument resolution, the widths

@@ -34,8 +34,11 @@ class Backend:
     ``--speculative-ddtree-allow-unproven``), ``refused`` (not driven: refused always). ``mask``: the layout it reads
     (:data:`TREE_BLOCK`, :data:`FULL_ROWS`); ``reads_context_columns``: DDTree must write the context columns
     (the runtime's ``write_verify_mask(prefix_cols=True)``). ``reason``: what the refusal prints after the backend's
-    name ("" for a proven one). ``page_sizes``: the ``--page-size`` values DDTree runs it with (the commit reorders
-    the verify range's KV slots one by one, so 1 for every backend today). ``graph_mask``: on bases whose backends
+    name ("" for a proven one). ``page_sizes``: the ``--page-size`` values DDTree is proven with on a GPU here (at
+    page size 1 the commit reorders the verify range's KV slots, no copy). ``paged_wired``: larger page sizes are
+    wired but not proven on a GPU (the accepted path's KV rows are copied to the slots of their positions, which stay
+    in their pages: the runtime's ``move_path_kv``), so they are refused unless ``--speculative-ddtree-allow-unproven``.
+    ``graph_mask``: on bases whose backends
     have no ``verify_mask`` buffer (0.5.14-0.5.16), the attribute holding the flat mask buffer its target-verify
     CUDA graph reads, which DDTree then writes in place (else a fresh tensor, which the backend copies).
     ``base_trait``: a ``bases.py`` field that must be true on the running base for the backend to be driven there,
@@ -48,6 +51,7 @@ class Backend:
     reads_context_columns: bool
     reason: str = ""
     page_sizes: tuple[int, ...] = (1,)
+    paged_wired: bool = False
     graph_mask: Optional[str] = None
     base_trait: Optional[str] = None
     base_reason: str = ""
@@ -56,7 +60,7 @@ class Backend:
 #: ``--attention-backend`` value -> its row.
 BACKENDS: dict[str, Backend] = {
     "triton": Backend(cls="TritonAttnBackend", status=PROVEN, mask=TREE_BLOCK, reads_context_columns=False,
-                      graph_mask="cuda_graph_custom_mask"),
+                      graph_mask="cuda_graph_custom_mask", paged_wired=True),
     "flashinfer": Backend(
         cls="FlashInferAttnBackend", status=WIRED_UNPROVEN, mask=FULL_ROWS, reads_context_columns=True,
         reason="FlashInfer reads the tree through spec_info.custom_mask in plan(); not run on a GPU here (the "

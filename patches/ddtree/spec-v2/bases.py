@@ -1,13 +1,26 @@
-"""The spec-v2 bases, one row each: what the code and the tests need to know about a base's series.
+"""The spec-v2 bases: what the code and the tests need to know about each base's series, and where it comes from.
 
-Pure data with no import of SGLang or torch, so the tests (tests/sglang_v2/v2_helpers.py loads this file by path),
-``config`` and ``hybrid`` read the same table. Adding a base is its folder ``patches/ddtree/sglang-<version>/`` (made
-with ``ddtree-deploy patchset port``) plus one row here; a base that pins other CPU test dependencies also gets a
+The facts live in each base's own folder: ``traits:`` in ``patches/ddtree/sglang-<version>/patchset.yaml``
+(``ddtree-deploy patchset port`` copies the previous base's forward, for review). ``patchset build`` writes the
+traits of every base into the overlay as ``bases.json`` beside this module (the patch set's ``traits_file``), and
+:data:`BASES` is read from it, so ``config``, ``hooks`` and ``hybrid`` know every base, not only the running one.
+Loaded by path from the repository (the tests, ``tests/spec_v2_tables.py``), there is no generated file: the tests
+build the same table with :func:`table` from the patch sets (``ddtree_deploy.patchset.traits.family_traits``).
+Adding a base is its folder; a base that pins other CPU test dependencies also gets a
 ``tests/sglang_v2/requirements-cpu-<version>.txt`` (the Makefile installs each into its own folder).
+
+Pure data with no import of SGLang or torch (standard library only).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+#: The generated table's name beside this module in the overlay, and the one format of it this code reads.
+TABLE_FILE = "bases.json"
+TABLE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -35,27 +48,52 @@ class Base:
     grammar: bool
     schedule: bool
     hybrid: bool
-    flashinfer: bool = True
-    meta_info: bool = True
+    flashinfer: bool
+    meta_info: bool
 
 
-BASES: dict[str, Base] = {
-    "0.5.14": Base(draft_width="copy", tree_in_graph=False, grammar=False, schedule=False, hybrid=False,
-                   meta_info=False),
-    "0.5.15": Base(draft_width="copy", tree_in_graph=True, grammar=False, schedule=False, hybrid=False),
-    "0.5.16": Base(draft_width="copy", tree_in_graph=True, grammar=False, schedule=False, hybrid=False),
-    "0.5.17": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
-    "0.5.18": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
-    "0.5.19": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
-    "0.5.20": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
-    "0.5.21": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True),
-    "0.5.22": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True,
-                   flashinfer=False),
-    "0.5.23": Base(draft_width="hook", tree_in_graph=True, grammar=True, schedule=True, hybrid=True,
-                   flashinfer=False),
-}
+#: The values a word-valued trait takes (every other trait is true / false).
+CHOICES = {"draft_width": ("hook", "copy")}
 
 
-def with_trait(name: str) -> tuple[str, ...]:
-    """The bases whose row has ``name`` true, oldest first."""
-    return tuple(v for v, b in BASES.items() if getattr(b, name))
+def table(bases: Mapping[str, Mapping[str, Any]], source: str) -> dict[str, Base]:
+    """Base version -> :class:`Base`, in the given order (oldest first), each row checked: every trait present,
+    none unknown, each of its kind. ``source`` names where the rows came from in an error."""
+    names = [f.name for f in fields(Base)]
+    out: dict[str, Base] = {}
+    for version, row in bases.items():
+        where = f"{source}: base {version}"
+        unknown = sorted(set(row) - set(names))
+        if unknown:
+            raise ValueError(f"{where}: unknown trait {unknown[0]!r} (known: {', '.join(names)})")
+        missing = [n for n in names if n not in row]
+        if missing:
+            raise ValueError(f"{where}: trait {missing[0]!r} missing")
+        for name in names:
+            value, allowed = row[name], CHOICES.get(name)
+            ok = value in allowed if allowed else isinstance(value, bool)
+            if not ok:
+                raise ValueError(f"{where}: trait {name!r} is {value!r}, expected "
+                                 + (" or ".join(repr(a) for a in allowed) if allowed else "true or false"))
+        out[version] = Base(**{n: row[n] for n in names})
+    return out
+
+
+def read(path: Path) -> dict[str, Base]:
+    """The table a build generated (``{"format": 1, "patchset": ..., "bases": {version: traits}}``)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or not isinstance(data.get("bases"), dict):
+        raise ValueError(f"{path}: not a bases table of format {TABLE_FORMAT} (rebuild the overlay with this "
+                         "patch set's ddtree-deploy)")
+    return table(data["bases"], str(path))
+
+
+#: The bases of the overlay this module runs from, oldest first: read from the generated table beside it when
+#: imported as part of a package (the overlay); empty when loaded by path from the repository (the tests build
+#: theirs with :func:`table`).
+BASES: dict[str, Base] = read(Path(__file__).with_name(TABLE_FILE)) if __package__ else {}
+
+
+def with_trait(name: str, bases: Mapping[str, Base] | None = None) -> tuple[str, ...]:
+    """The bases whose row has ``name`` true, oldest first (of :data:`BASES`, or of ``bases``)."""
+    return tuple(v for v, b in (BASES if bases is None else bases).items() if getattr(b, name))

@@ -44,8 +44,8 @@ MAX_VERIFY_WIDTH = 1024
 MAX_DEPTH = 31
 UNPROVEN_FLAG = "--speculative-ddtree-allow-unproven"
 #: What ``--speculative-ddtree-allow-unproven`` lets run (for the message that refuses it where it gates nothing).
-UNPROVEN_GATES = (*(f"--attention-backend {b}" for b in with_status(WIRED_UNPROVEN)), "--tp-size > 1",
-                  "a --grammar-backend other than none", "--speculative-draft-window-size")
+UNPROVEN_GATES = (*(f"--attention-backend {b}" for b in with_status(WIRED_UNPROVEN)), "--page-size > 1",
+                  "--tp-size > 1", "a --grammar-backend other than none", "--speculative-draft-window-size")
 #: The internal flag that records the resolved schedule (0.5.17's series; absent on the other bases).
 SCHEDULE_FLAG = "--speculative-ddtree-schedule"
 
@@ -73,7 +73,7 @@ BUDGET_FLAG = "--speculative-ddtree-budget"
 #: acceptance profile, runtime ``schedule.default_schedule``).
 AUTO = "auto"
 #: Bases whose series give each captured batch size its own verify width (target graphs and the draft graph's
-#: tree build); the others take a single budget only (the bases table, ``bases.py``).
+#: tree build); the others take a single budget only (the ``schedule`` trait of each base, ``bases.py``).
 SCHEDULE_BASES = with_trait("schedule")
 
 
@@ -267,9 +267,15 @@ def refusals(server_args: Any, block_size: int, *, grammar_in_worker: bool = Tru
             unproven.append(f"{flag} {value}: {row.reason}")
         else:
             never.append(f"{flag} {value}: {row.reason}; use --attention-backend triton")
-    if int(getattr(view, "page_size", None) or 1) not in page_sizes:
-        never.append(f"--page-size {view.page_size} (DDTree commits the accepted path by reordering the verify "
-                     f"range's KV slots, which needs --page-size {' or '.join(map(str, sorted(page_sizes)))})")
+    page_size = int(getattr(view, "page_size", None) or 1)
+    if page_size not in page_sizes:
+        proven = " or ".join(map(str, sorted(page_sizes)))
+        if page_size > 1 and rows and all(r.paged_wired for r in rows):
+            unproven.append(f"--page-size {page_size} (the accepted path's KV is copied into its pages; not run on "
+                            f"a GPU here, proven with --page-size {proven})")
+        else:
+            never.append(f"--page-size {page_size} (DDTree commits the accepted path by reordering the verify "
+                         f"range's KV slots, which needs --page-size {proven})")
     if getattr(view, "enable_deterministic_inference", False):
         never.append("--enable-deterministic-inference (its triton kernel reads the context columns of the mask, "
                      "which DDTree does not write)")

@@ -11,7 +11,8 @@ unchanged. From there DDTree differs from the chain:
    TARGET_VERIFY forward, eager or as the target's CUDA graph.
 3. **Walk**: one target token per node (:mod:`.sampling`), then the runtime's acceptance walk.
 4. **Commit**: the accepted path's slots move to the front of the verify range by permuting ``req_to_token``
-   (no KV copy); the drafter's context gets the target hidden states of exactly those nodes at positions
+   (no KV copy; with page size > 1, where positions must stay in their pages, the path's KV rows are copied to the
+   slots of their positions instead, one launch for every layer); the drafter's context gets the target hidden states of exactly those nodes at positions
    ``prefix + j``. The result has the chain's shape (``block_size`` tokens per request, ``accept_lens``), so the
    overlap scheduler, its future map and its stop-token handling are the base's.
 
@@ -62,6 +63,24 @@ def full_attention_backend(backend: Any) -> Any:
     return backend
 
 
+def paged_kv_rows(model_runner: Any) -> Any:
+    """The target's KV buffers whose rows a paged commit copies (every attention layer's K and V; a hybrid's come
+    from its full-attention pool), checked: token-major rows of one dtype, no extra per-row scale buffers. A
+    ValueError says why not."""
+    pool = model_runner.token_to_kv_pool
+    pool = getattr(pool, "full_kv_pool", None) or pool
+    layout = getattr(pool, "kv_cache_layout", "nhd")
+    if layout != "nhd" or getattr(pool, "use_hnd", False):
+        raise ValueError(f"{type(pool).__name__} keeps its KV in the {layout!r} layout; DDTree's commit copies "
+                         "token-major (NHD) rows")
+    if getattr(pool, "k_scale_buffer", None) is not None:
+        raise ValueError(f"{type(pool).__name__} keeps per-row scales beside its KV, which the commit does not copy")
+    k, v = getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None)
+    if not k or not v:
+        raise ValueError(f"{type(pool).__name__} has no per-layer k_buffer / v_buffer lists")
+    return runtime().KVRows(list(k) + list(v))
+
+
 class DDTreeRound:
     """DDTree state of one DFlash worker: widths, the draft tree builder, and the decode round after the draft."""
 
@@ -79,6 +98,7 @@ class DDTreeRound:
         self.backend_name = "triton"
         self.prefix_cols = False
         self.hybrid = False  # a GatedDeltaNet hybrid target whose recurrent state branches over the tree (.hybrid)
+        self.kv_rows: Any = None  # page size > 1: the target's KV buffers the commit copies the path's rows in
         # the head folded into the draft graph, if any: one tree builder (a single budget), or per-size heads
         self.builder: Optional[DraftTreeBuilder | ScheduledDraftHead] = None
         self._eager: dict[int, DraftTreeBuilder] = {}
@@ -144,6 +164,13 @@ class DDTreeRound:
         if swa is not None and int(swa) > 0:
             problems.append(f"a target with sliding-window attention (window {swa}): the triton kernel reads the "
                             "mask at window offsets that DDTree does not write")
+        page_size = int(getattr(model_runner, "page_size", None) or getattr(getattr(model_runner, "server_args",
+                                                                                      None), "page_size", 1) or 1)
+        if page_size > 1:  # positions stay in their pages: the commit copies the path's KV rows (runtime move_path_kv)
+            try:
+                self.kv_rows = paged_kv_rows(model_runner)
+            except ValueError as exc:
+                problems.append(f"--page-size {page_size} with this KV cache ({exc})")
         if problems:
             raise ValueError("DDTree (--speculative-ddtree-budget) does not support " + "; ".join(problems) + ".")
         if unproven and not self.allow_unproven:
@@ -377,11 +404,16 @@ class DDTreeRound:
                                                            commit_lens=commit_lens,
                                                            accepted_nodes=walk.accepted_nodes)
 
-        # 5) commit: the accepted path's slots to the front of the verify range (a permutation: nothing moves)
+        # 5) commit: the accepted path's slots to the front of the verify range (a permutation: nothing moves); with
+        # pages (page size > 1) the positions keep their slots and the path's KV rows are copied into them instead
         slots = verify_loc.view(bs, n1)
-        new_slots = rt.path_first_slot_order(walk.accepted_nodes, slots)
-        cols = prefix_lens.to(torch.int64)[:, None] + torch.arange(n1, device=device, dtype=torch.int64)
-        req_to_token[batch.req_pool_indices.to(torch.int64)[:, None], cols] = new_slots.to(req_to_token.dtype)
+        if self.kv_rows is not None:
+            rt.move_path_kv(self.kv_rows, *rt.kv_compaction(walk, slots))
+            new_slots = slots
+        else:
+            new_slots = rt.path_first_slot_order(walk.accepted_nodes, slots)
+            cols = prefix_lens.to(torch.int64)[:, None] + torch.arange(n1, device=device, dtype=torch.int64)
+            req_to_token[batch.req_pool_indices.to(torch.int64)[:, None], cols] = new_slots.to(req_to_token.dtype)
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)

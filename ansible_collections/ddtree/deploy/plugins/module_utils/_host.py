@@ -321,8 +321,8 @@ def decide(host, state, launch):
 
 
 def rollback_target(state, failed):
-    """As the CLI's release.rollback_target: the previous good release unless bad or gone, else the newest good
-    one, else None (the installed package)."""
+    """As the CLI's hoststate.ReleaseState.rollback_target: the previous good release unless bad or gone, else the
+    newest good one, else None (the installed package)."""
     releases = dict((r["id"], r) for r in state.get("releases", []))
     bad = set(state.get("bad", [])) | (set([failed]) if failed else set())
     prev = state.get("previous_good")
