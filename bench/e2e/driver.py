@@ -218,7 +218,10 @@ def speed_batches(cfg: dict) -> tuple[int, ...]:
 
 def _meta(m: dict) -> dict:
     keep = ("completion_tokens", "prompt_tokens", "finish_reason", "spec_verify_ct", "spec_accept_length",
-            "spec_accepted_drafts", "spec_proposed_drafts", "e2e_latency")
+            "spec_accepted_drafts", "spec_proposed_drafts", "e2e_latency",
+            # the patch set's per-request summary (spec-v2 0.5.15+; runtime metrics.META_KEYS)
+            "ddtree_verify_ct", "ddtree_accept_length", "ddtree_accepted_tokens", "ddtree_draft_tokens",
+            "ddtree_accepted_per_depth", "ddtree_budget", "ddtree_chain_rounds")
     out = {k: m.get(k) for k in keep if k in m}
     if "spec_num_correct_drafts" in m:  # 0.5.14+ names
         out["spec_accepted_drafts"] = m["spec_num_correct_drafts"]

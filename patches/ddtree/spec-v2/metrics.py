@@ -262,7 +262,7 @@ def on_resolved(processor: Any, result: Any, batch: Any, tokens: list) -> None:
     for i, req in enumerate(reqs):
         if i >= len(accepted) or req.is_retracted or req.finished():
             continue  # SGLang commits nothing for it this round
-        budget = 0 if rec.chain else (rec.caps[i] if rec.caps is not None else rec.budget)
+        budget = 0 if rec.chain else (rec.caps[i] if rec.caps is not None and i < len(rec.caps) else rec.budget)
         entry = m.round_entry(budget, accepted[i], metrics.depth if rec.chain else budget, rec.chain)
         entries.append(entry)
         if carry and i < len(tokens) and tokens[i]:
@@ -281,14 +281,15 @@ def on_resolved(processor: Any, result: Any, batch: Any, tokens: list) -> None:
 def _carry(req: Any, key: str, entry: list[int], n: int) -> None:
     """``entry`` on the first of the ``n`` tokens the round commits to ``req`` (None on the others), aligned with
     its output tokens, in SGLang's per-token ``customized_info``."""
-    info = req.customized_info if req.customized_info is not None else {}
+    if req.customized_info is None:
+        req.customized_info = {}
+    values = req.customized_info.setdefault(key, [])  # grown in place (SGLang's streamer slices copies of it)
     done = len(req.output_ids)
-    values = list(info.get(key) or [])[:done]
-    values += [None] * (done - len(values))
+    if len(values) > done:  # tokens of an earlier round that were not kept (a stop in its middle)
+        del values[done:]
+    values.extend([None] * (done - len(values)))
     values.append(entry)
-    values += [None] * (n - 1)
-    info[key] = values
-    req.customized_info = info
+    values.extend([None] * (n - 1))
 
 
 def finish_meta_info(tokenizer_manager: Any, meta_info: dict) -> None:
