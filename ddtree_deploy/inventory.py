@@ -34,7 +34,7 @@ from . import paths
 from .errors import InputError
 from .schema import (MAX_SECONDS, StrMap, Strict, absolute_path, become_command, checked, collect, load_yaml, port_range,
                      positive, raise_problems, seconds, setting)
-from .transport import TRANSPORTS
+from .transport.registry import TRANSPORTS
 
 log = logging.getLogger("ddtree_deploy.inventory")
 

@@ -90,7 +90,7 @@ def test_abi_errors_refuse_with_exit_4_unless_ignored_then_real_engine_passes(e2
     report = json.loads(proc.stdout)
     assert report["status"] == "ok" and report["details"]["patchset"] == p.overlay.patchset
     stages = {s["name"]: s for s in report["probe"]["stages"]}
-    runtime_version = (REPO / "patches/ddtree/runtime/__init__.py").read_text().split('__version__ = "', 1)[1].split('"')[0]
+    runtime_version = (REPO / "patches/ddtree/runtime/_version.py").read_text().split('__version__ = "', 1)[1].split('"')[0]
     assert stages["overlay"]["data"]["runtime_version"] == runtime_version
     assert stages["startup"]["data"]["server_runtime_path"].startswith(f"{host.release_root}/releases/{report['release']}/sglang/")
     gen = stages["generation"]

@@ -1,7 +1,8 @@
-"""No import circle at import time in the tool or in the code a patch set vendors: every module-level import of
-``ddtree_deploy/``, ``patches/ddtree/spec-v1/``, ``spec-v2/`` and ``runtime/`` read from its source (``ast``; the
-imports under ``if TYPE_CHECKING:`` and inside functions left out, as Python runs them), and the graph searched for a
-cycle. ``from pkg import sub`` counts as an import of the module ``pkg.sub`` (not of ``pkg``)."""
+"""No import circle in the tool or in the code a patch set vendors: every import of ``ddtree_deploy/``,
+``patches/ddtree/spec-v1/``, ``spec-v2/`` and ``runtime/`` read from its source (``ast``), and the graph searched for a
+cycle: the module-level imports (as Python runs them at import time), and also those under ``if TYPE_CHECKING:`` and
+inside functions (a lazy import is still a dependency a reader must follow). ``from pkg import sub`` counts as an
+import of the module ``pkg.sub`` (not of ``pkg``); a module a registry names as text (``importlib``) is not an edge."""
 
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ def _modules(root: Path) -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path, name: str, modules: dict[str, Path], *, typing: bool = False) -> set[str]:
+def _imports(path: Path, name: str, modules: dict[str, Path], *, typing: bool = False,
+             functions: bool = False) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and not functions:
                 continue
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test) and not typing:
                 continue
@@ -51,10 +53,11 @@ def _imports(path: Path, name: str, modules: dict[str, Path], *, typing: bool = 
     return {m for m in found if m in modules and m != name}
 
 
-def cycles(root: Path, *, typing: bool = False) -> list[list[str]]:
-    """The import cycles among the modules under ``root`` (each as the modules on it, sorted)."""
+def cycles(root: Path, *, typing: bool = False, functions: bool = False) -> list[list[str]]:
+    """The import cycles among the modules under ``root`` (each as the modules on it, sorted); ``typing`` and
+    ``functions`` add the imports for type checkers and those inside functions."""
     modules = _modules(root)
-    graph = {m: _imports(p, m, modules, typing=typing) for m, p in modules.items()}
+    graph = {m: _imports(p, m, modules, typing=typing, functions=functions) for m, p in modules.items()}
     found, done = [], set()
     for start in sorted(graph):
         stack, path = [(start, iter(sorted(graph[start])))], [start]
@@ -81,6 +84,11 @@ def test_no_import_circle_at_import_time(root: str) -> None:
     assert cycles(REPO / root) == []
 
 
+@pytest.mark.parametrize("root", ["ddtree_deploy", "patches/ddtree/spec-v1", "patches/ddtree/spec-v2", "patches/ddtree/runtime"])
+def test_no_import_circle_even_through_types_and_functions(root: str) -> None:
+    assert cycles(REPO / root, typing=True, functions=True) == []
+
+
 def test_the_probe_and_the_baseline_do_not_import_each_other_even_for_types() -> None:
     """``probe`` names the baseline's path through ``hoststate``; ``baseline`` uses the probe (for types only)."""
     assert not [c for c in cycles(REPO / "ddtree_deploy", typing=True)
@@ -99,3 +107,5 @@ def test_the_checker_sees_a_circle(tmp_path: Path) -> None:
     assert cycles(pkg) == [["pkg.a", "pkg.b"]]
     (pkg / "a.py").write_text("from .d import w\n")
     assert cycles(pkg) == [] and cycles(pkg, typing=True) == [["pkg.a", "pkg.c", "pkg.d"]]
+    (pkg / "c.py").write_text("def f():\n    from . import a\n")
+    assert cycles(pkg, typing=True) == [] and cycles(pkg, functions=True) == [["pkg.a", "pkg.c", "pkg.d"]]

@@ -29,7 +29,7 @@ from .base import BaseSource, WheelBase, as_base_source
 from .explain import explain_failure, format_failure
 from .diff import MODE_EXEC, PatchFile
 from .format import MAX_FILE_BYTES, PatchSet, read_vendored
-from .hooks import check_hooks, format_mismatches, plugin_files
+from .plugin import check_hooks, format_mismatches, plugin_files
 from .lifecycle import gate
 from .traits import traits_files
 

@@ -7,14 +7,14 @@ by its qualified name (``before`` / ``after`` / ``around`` / ``replace``). A pat
 hook, the target, the hook type, the implementation (a function in the patch set's vendored code) and the sha256 of
 the target's source in the base, so a hook is as exact as a hunk: :func:`check_hooks` locates every target in the
 base's files by AST (no SGLang import) and a target that is missing or whose source changed is reported like a
-failed hunk (exit 5, naming the target, the file and both hashes).
+failed hunk (exit 5, naming the target, the file and both hashes; :mod:`.plugin` does it for a whole patch set).
 
 The source of a target is the exact text of its definition: every line from its first decorator (or its ``def`` /
 ``class`` line) to its last, as the base file has them, UTF-8 (:func:`definition_text`). A method the target class
 inherits is named with ``source: FILE::Qualified.name`` (where it is defined); the target class must then still not
 define it itself.
 
-What the overlay adds for them (:func:`plugin_files`): a small distribution, ``<name>_<package>_plugin-<version>.dist-info``
+What the overlay adds for them (:func:`.plugin.plugin_files`): a small distribution, ``<name>_<package>_plugin-<version>.dist-info``
 (``METADATA``, ``entry_points.txt`` with the ``sglang.srt.plugins`` entry point), beside the package in the release
 (``PYTHONPATH=<root>/current`` puts it on the path of every server process), and the hook table the entry point
 registers from (``plugin.hooks_file``, JSON: target, type, implementation, sha256, source), which the vendored
@@ -25,16 +25,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import InputError
-
-if TYPE_CHECKING:
-    from ..overlay import OverlayFile
-    from .format import PatchSet
 
 HOOK_TYPES = ("before", "after", "around", "replace")
 #: The entry-point group SGLang's plugin loader reads (``sglang.srt.plugins.GENERAL_PLUGINS_GROUP``).
@@ -68,15 +63,6 @@ class Plugin:
     name: str  # the entry point's name (what SGLANG_PLUGINS whitelists)
     entry: str  # module:function that registers the hooks
     hooks_file: str  # overlay path of the generated hook table (JSON)
-
-
-def dist_name(patchset: "PatchSet") -> str:
-    """The plugin distribution's name, e.g. ``ddtree_sglang_plugin``."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", f"{patchset.name}_{patchset.base_package}_plugin").lower()
-
-
-def dist_info_dir(patchset: "PatchSet") -> str:
-    return f"{dist_name(patchset)}-{patchset.version}.dist-info"
 
 
 def check_hook_fields(raw: dict[str, Any], idx: int, src: str) -> Hook:
@@ -165,7 +151,7 @@ def locate(hook: Hook, has: Callable[[str], bool], read: Callable[[str], bytes])
         node = find_definition(tree, qual)
         if node is None:
             return Located(target_file, None, f"{'.'.join(qual)} is not defined in {target_file}")
-        return Located(target_file, _digest(text, node), None)
+        return Located(target_file, digest(text, node), None)
     # an inherited target: its class is in the target's file, the definition where ``source`` says
     if len(qual) < 2 or not isinstance(find_definition(tree, qual[:-1]), ast.ClassDef):
         return Located(target_file, None, f"class {'.'.join(qual[:-1])} is not defined in {target_file}")
@@ -179,62 +165,9 @@ def locate(hook: Hook, has: Callable[[str], bool], read: Callable[[str], bytes])
     node = find_definition(stree, src_qual.split("."))
     if node is None:
         return Located(src_file, None, f"{src_qual} is not defined in {src_file}")
-    return Located(src_file, _digest(stext, node), None)
+    return Located(src_file, digest(stext, node), None)
 
 
-def _digest(text: str, node: ast.AST) -> str:
+def digest(text: str, node: ast.AST) -> str:
+    """The sha256 of a definition's exact text (:func:`definition_text`): what a ``hooks:`` entry records."""
     return hashlib.sha256(definition_text(text, node).encode("utf-8")).hexdigest()
-
-
-def check_hooks(patchset: "PatchSet", base: Any) -> list[dict[str, Any]]:
-    """Every hook whose target is missing from ``base`` or whose source there is not the recorded one."""
-    out = []
-    for hook in patchset.hooks:
-        loc = locate(hook, base.has, base.read)
-        if loc.problem is not None:
-            out.append({"hook": hook.label, "target": hook.target, "file": loc.file, "expected": hook.sha256,
-                        "found": "missing", "reason": loc.problem})
-        elif loc.found != hook.sha256:
-            out.append({"hook": hook.label, "target": hook.target, "file": loc.file, "expected": hook.sha256,
-                        "found": loc.found, "reason": "the target's source changed"})
-    return out
-
-
-def format_mismatches(patchset: "PatchSet", base_label: str, mismatches: list[dict[str, Any]]) -> str:
-    lines = [f"{len(mismatches)} hook target(s) of patch set {patchset.qualified_name} differ from the base "
-             f"({base_label}); nothing was produced:"]
-    for m in mismatches:
-        if m["found"] == "missing":
-            lines.append(f"  {m['hook']}: {m['reason']}")
-        else:
-            lines.append(f"  {m['hook']}: {m['target']} in {m['file']} changed: expected sha256 {m['expected']}, "
-                         f"found {m['found']}")
-    return "\n".join(lines)
-
-
-# -- what the overlay carries --------------------------------------------------------------------------------------
-def hook_table(patchset: "PatchSet", hashes: dict[int, str] | None = None) -> dict[str, Any]:
-    """The JSON the plugin registers from. ``hashes``: per hook index, the sha256 to record where it is not the
-    patch set's (a build under ``--allow-base-drift`` records what the base has)."""
-    assert patchset.plugin is not None
-    return {"format": 1, "patchset": patchset.qualified_name, "version": patchset.version,
-            "base": {"package": patchset.base_package, "version": patchset.base_version},
-            "hooks": [{"target": h.target, "type": h.type, "hook": h.hook,
-                       "sha256": (hashes or {}).get(h.index, h.sha256), "source": h.source} for h in patchset.hooks]}
-
-
-def plugin_files(patchset: "PatchSet", hashes: dict[int, str] | None = None) -> list["OverlayFile"]:
-    """The dist-info that declares the entry point, and the hook table; none for a patch set without hooks."""
-    from ..overlay import OverlayFile
-
-    plugin = patchset.plugin
-    if plugin is None:
-        return []
-    info = dist_info_dir(patchset)
-    metadata = (f"Metadata-Version: 2.1\nName: {dist_name(patchset)}\nVersion: {patchset.version}\n"
-                f"Summary: {patchset.qualified_name}: hooks registered through SGLang's plugin framework\n")
-    entry = f"[{ENTRY_POINT_GROUP}]\n{plugin.name} = {plugin.entry}\n"
-    table = json.dumps(hook_table(patchset, hashes), indent=1, sort_keys=True) + "\n"
-    return [OverlayFile(path=f"{info}/METADATA", content=metadata.encode(), action="add"),
-            OverlayFile(path=f"{info}/entry_points.txt", content=entry.encode(), action="add"),
-            OverlayFile(path=plugin.hooks_file, content=table.encode(), action="add")]

@@ -57,7 +57,8 @@ from .base import BaseSource, WheelBase
 from .dev import BASE_DATE, FORMAT_PATCH, _plain_message, series_entries, update_yaml_text
 from .diff import FilePatch, Hunk
 from .format import PATCHSET_FILE, PatchSet, load_patchset
-from .hooks import check_hooks, definition_text, find_definition, locate, split_target
+from .hooks import definition_text, find_definition, locate, split_target
+from .plugin import check_hooks
 from .lifecycle import gate
 
 PORT_STATE = "port.json"

@@ -18,13 +18,14 @@ from .. import hostpaths
 from ..errors import InputError, OperationFailed, RemoteError
 from ..inventory import Host
 from ..transport import HostConnection
-from . import Progress, Snapshot, SnapshotStats, SnapshotStore
+from .local import LocalStore
+from .progress import Progress, SnapshotStats
 from .manifest import check_manifest, manifest_digest
-from .store import check_host_name
+from .store import Snapshot, check_host_name
 from .transfer import fetch_blobs
 
 
-def take(store: SnapshotStore, host: Host, progress: Progress | None = None, *, connection: HostConnection | None = None,
+def take(store: LocalStore, host: Host, progress: Progress | None = None, *, connection: HostConnection | None = None,
          refresh: bool = False, package: str = "sglang") -> Snapshot:
     """Snapshot ``host``: facts and manifest from the host, missing blobs in one tar stream, entry last.
 
@@ -99,7 +100,7 @@ def take(store: SnapshotStore, host: Host, progress: Progress | None = None, *, 
     report("done", stats.bytes_transferred, stats.bytes_transferred)
     return snap
 
-def _fetch(store: SnapshotStore, conn: HostConnection, host: Host, wanted: dict[str, str], sizes: dict[str, int],
+def _fetch(store: LocalStore, conn: HostConnection, host: Host, wanted: dict[str, str], sizes: dict[str, int],
            report: Progress, stats: SnapshotStats, *, host_zstd: bool = False) -> None:
     """Receive ``wanted`` (path -> sha256) into the store (``transfer.fetch_blobs``) and remember the stat of
     every blob it stored: they were hashed on arrival."""
@@ -107,7 +108,7 @@ def _fetch(store: SnapshotStore, conn: HostConnection, host: Host, wanted: dict[
     store._record_verified(wanted[n] for n in names if n in wanted)
 
 
-def _write_entry(store: SnapshotStore, host_name: str, package: str, host_facts: dict[str, Any], files: dict[str, dict[str, Any]],
+def _write_entry(store: LocalStore, host_name: str, package: str, host_facts: dict[str, Any], files: dict[str, dict[str, Any]],
                  links: dict[str, str], raw: dict[str, Any], stats: SnapshotStats) -> Snapshot:
     created = _dt.datetime.now(_dt.timezone.utc)
     digest = manifest_digest(files, links)
@@ -126,7 +127,7 @@ def _write_entry(store: SnapshotStore, host_name: str, package: str, host_facts:
                               {"files": files, "links": links, "dist_info": raw.get("dist_info")})
 
 
-def repair(store: SnapshotStore, snap: Snapshot, host: Host, progress: Progress | None = None) -> dict[str, Any]:
+def repair(store: LocalStore, snap: Snapshot, host: Host, progress: Progress | None = None) -> dict[str, Any]:
     """Fetch the damaged or missing blobs of a snapshot again from its host (each verified against the
     manifest on arrival: a file that changed on the host since cannot repair the snapshot, and is named)."""
     store.open_for_write()  # checking removes damaged blobs: a write

@@ -32,7 +32,7 @@ from ..transport import HostConnection
 from . import receiver as receiver_mod
 
 if TYPE_CHECKING:
-    from . import Progress, SnapshotStats
+    from .progress import Progress, SnapshotStats
     from .store import Store
 
 #: Largest path list sent inline in the tar command (base64 of gzip); larger lists are uploaded to a file first.

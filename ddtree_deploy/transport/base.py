@@ -42,6 +42,7 @@ transport kind, instead of running unguarded.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import shlex
 import threading
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..errors import RemoteError, TransportError
+from .registry import TRANSPORTS
 from ..remote import RESULT_MARKER
 from .bundle import BOOT, framed_request
 
@@ -122,7 +124,7 @@ def output_overflow(host: str, what: str) -> RemoteError:
 class HostConnection:
     """A session to one host. Use as a context manager; every operation has a deadline.
 
-    ``HostConnection(host)`` returns the class the registry (``ddtree_deploy.transport.TRANSPORTS``) names for
+    ``HostConnection(host)`` returns the class the registry (``ddtree_deploy.transport.registry.TRANSPORTS``) names for
     ``host.connection`` (``SSHConnection``, ``LocalConnection``, ...); subclasses implement ``open``, ``close``,
     ``run`` and ``stream_out``, and ``_session_channel`` where ``holds_session`` is true.
     """
@@ -133,8 +135,6 @@ class HostConnection:
 
     def __new__(cls, host: Host, *args: Any, **kwargs: Any) -> "HostConnection":
         if cls is HostConnection:
-            from . import transport_class  # the package is loaded before this module, so this is a look-up
-
             cls = transport_class(getattr(host, "connection", "ssh"))
         return super().__new__(cls)
 
@@ -410,3 +410,16 @@ def short(command: str, limit: int = 120) -> str:
     command = " ".join(command.split())
     return command if len(command) <= limit else command[: limit - 3] + "..."
 
+
+def transport_class(kind: str) -> type[HostConnection]:
+    """The class for ``connection: <kind>`` (the registry's ``"module:Class"``), imported on first use."""
+    try:
+        target = TRANSPORTS[kind]
+    except KeyError:
+        raise ValueError(f"unknown connection {kind!r} (known: {', '.join(TRANSPORTS)})") from None
+    module, _, name = target.partition(":")
+    mod = importlib.import_module(module if "." in module else f"{__package__}.{module}")
+    cls = getattr(mod, name)
+    if not (isinstance(cls, type) and issubclass(cls, HostConnection)):
+        raise TypeError(f"transport {kind!r}: {target} is not a HostConnection")
+    return cls

@@ -37,11 +37,11 @@ from .tree_recurrent import (
     tree_causal_conv1d,
     tree_gated_delta_rule,
 )
+from ._version import __version__
 from .types import DraftTree, VerifyInputs, WalkResult
 from .verify import build_verify_inputs
 from .walk import accept_walk, sample_target_tokens
 
-__version__ = "0.1.0"
 
 __all__ = [
     "DraftTree",

@@ -24,7 +24,7 @@ def self_test(device: str | torch.device = "cuda", seed: int | None = None, batc
     Returns ``{"ok", "device", "impl", "checks": {step: bool}, "errors": {step: str}, "seconds", "version"}``.
     ``impl`` is "triton" when the kernels ran, "torch" when the device resolves to the references only.
     """
-    from . import __version__
+    from ._version import __version__
     from .compaction import kv_compaction
     from .topk import draft_topk
     from .tree import build_tree
