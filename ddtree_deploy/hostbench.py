@@ -14,12 +14,16 @@ server, so the guardian restarts it on the active release with the host file's f
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import statistics
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterator
 
+from . import paths
 from .errors import DeployError, InputError, OperationFailed, is_cut
 from .hostops import flag_drift
 from .inventory import Host, server_setting
@@ -174,12 +178,31 @@ class Measurement:
         return d
 
 
+def runtime_module(stem: str, what: str) -> ModuleType:
+    """The runtime's stdlib-only ``<stem>.py`` (``schedule``, ``metrics``), loaded by path from the patch sets this
+    tool ships (the file the overlay vendors)."""
+    name = f"ddtree_deploy_runtime_{stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = paths.patches_root() / "ddtree" / "runtime" / f"{stem}.py"
+    if not path.is_file():
+        raise InputError(f"{path}: the DDTree runtime's {what} is missing from the patch sets")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # before exec: it holds a dataclass
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def metrics_module() -> ModuleType:
+    """The runtime's ``metrics.py``: DDTree's Prometheus families and how a scrape is read."""
+    return runtime_module("metrics", "metric definitions")
+
+
 def acceptance_stats(reply: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(the server's cumulative acceptance counters, what this workload added) from a workload reply: DDTree's
     ``/metrics`` families when the server serves them (``source: metrics``; the runtime's ``metrics.acceptance``),
     else the reference engine's ``spec_accept_stats`` in ``/get_server_info`` (``source: server_info``; no delta)."""
-    from .tune import metrics_module
-
     m = metrics_module()
     after = m.acceptance(reply.get("metrics_after") or "")
     if after is not None:
@@ -200,8 +223,6 @@ def summarize(cfg: Config, reply: dict[str, Any]) -> Measurement:
     accept = committed / sum(rounds) if spec else None
     per_round = [float(r["latency"]) / (n if spec else max(int(r["completion_tokens"]), 1)) for r, n in zip(reqs, rounds, strict=True)]
     stats, added = acceptance_stats(reply)
-    from .tune import metrics_module
-
     by_depth = metrics_module().accept_by_depth(added) if added and added.get("drafts") else None
     return Measurement(cfg.name, cfg.budget, int(reply["concurrency"]), len(reqs), tokens, float(reply["seconds"]),
                        round(tokens / max(float(reply["seconds"]), 1e-9), 2), round(accept, 3) if accept else None,
@@ -228,7 +249,8 @@ def combine(reps: list[Measurement]) -> Measurement:
                        med("latency_p90_ms"), med("ms_per_token"), med("round_ms"), reps[-1].accept_stats,
                        reps=len(reps), tok_s_min=min(m.tok_s for m in reps), tok_s_max=max(m.tok_s for m in reps),
                        round_ms_min=min(m.round_ms for m in reps), round_ms_max=max(m.round_ms for m in reps),
-                       accept_by_depth=[round(statistics.median(col), 4) for col in zip(*depths)] if depths else None)
+                       accept_by_depth=[round(statistics.median(col), 4) for col in zip(*depths, strict=False)] if depths
+                       else None)
 
 
 class Session:
@@ -279,8 +301,6 @@ class Session:
         self.serve(cfg)
         self.run.mgr.stage = f"bench {cfg.name} batch {batch}"
         budget = 60.0 + 2.0 * max_new_tokens * max(len(prompts), batch)
-        from .tune import metrics_module
-
         metrics_prefix = metrics_module().PREFIX if cfg.ddtree else None
         done = []
         for _ in range(reps):
@@ -394,4 +414,4 @@ def plan(host: Host, configs: list[Config], batch_sizes: list[int] | None, *, re
 
 
 __all__ = ["BUILTIN_PROMPTS", "DEFAULT_REPS", "Config", "Measurement", "combine", "Session", "bench", "chain", "ddtree", "load_prompts",
-           "measuring", "parse_sizes", "plain", "plan", "summarize"]
+           "measuring", "metrics_module", "parse_sizes", "plain", "plan", "runtime_module", "summarize"]

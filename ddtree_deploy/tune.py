@@ -19,15 +19,13 @@ is kept and the output says so, so two runs on an unchanged host do not flip the
 """
 from __future__ import annotations
 
-import importlib.util
 import posixpath
-import sys
 from types import ModuleType
 from typing import Any
 
-from . import paths
 from .errors import InputError, OperationFailed
-from .hostbench import DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, plain
+from .hostbench import (DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, metrics_module, plain,
+                        runtime_module)
 from .hostfile import plan_budget_edit, write_host_file
 from .inventory import Host
 from .ddtree_stats import ddtree_summary
@@ -41,29 +39,9 @@ DEFAULT_BUDGETS = (16, 32, 64)
 MAX_DEFAULT_BATCH = 32
 
 
-def _runtime_module(stem: str, what: str) -> ModuleType:
-    """The runtime's stdlib-only ``<stem>.py``, loaded by path from the patch sets this tool ships."""
-    name = f"ddtree_deploy_runtime_{stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = paths.patches_root() / "ddtree" / "runtime" / f"{stem}.py"
-    if not path.is_file():
-        raise InputError(f"{path}: the DDTree runtime's {what} is missing from the patch sets")
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # before exec: it holds a dataclass
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def schedule_module() -> ModuleType:
     """The runtime's ``schedule.py``: the schedule and the cost model."""
-    return _runtime_module("schedule", "cost model")
-
-
-def metrics_module() -> ModuleType:
-    """The runtime's ``metrics.py``: DDTree's Prometheus families and how a scrape is read."""
-    return _runtime_module("metrics", "metric definitions")
+    return runtime_module("schedule", "cost model")
 
 
 def parse_budgets(text: str | None) -> list[int]:

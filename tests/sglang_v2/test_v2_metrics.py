@@ -81,7 +81,7 @@ def test_metrics_scrape_counts_the_rounds_with_sglangs_labels_and_clashes_with_n
     assert s["rounds"] == {"9": 1, "6": 1}, "verify widths: budget + 1 for the tree, the block for the chain"
     assert s["accepted_per_depth"][0] == sum(a >= 1 for a in got["tree_accept"]) + 2  # chain: 2, 0, 5 accepted
     obs, hit = s["rank_observed"], s["rank_accepted"]
-    assert len(obs) == len(hit) and obs and all(h <= o for ro, rh in zip(obs, hit) for o, h in zip(ro, rh))
+    assert len(obs) == len(hit) and obs and all(h <= o for ro, rh in zip(obs, hit, strict=True) for o, h in zip(ro, rh, strict=True))
     assert sum(hit[d][0] for d in range(len(hit))) == sum(got["tree_accept"]), "the target agreed with rank 0"
     assert all('model_name="tiny"' in lab and 'tp_rank="0"' in lab for lab in got["labels"])
     assert got["sglang_names"] > 50 and any("spec" in n for n in got["sglang_spec_names"])

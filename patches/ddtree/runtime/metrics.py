@@ -168,7 +168,7 @@ class Totals:
             if f.kind == "counter":
                 for (name, labels), v in sorted(self.counts.items(), key=lambda kv: [_num(x) for x in kv[0][1]]):
                     if name == f.name:
-                        out.append((f, f.sample, dict(zip(f.labels, labels)), v))
+                        out.append((f, f.sample, dict(zip(f.labels, labels, strict=True)), v))
                 continue
             for width, row in sorted(self.hist.items(), key=lambda kv: int(kv[0])):
                 for i, bound in enumerate(ROUND_BUCKETS):

@@ -187,7 +187,7 @@ class Exporter:
         self.ranks_seen = None  # the last cumulative rank counts exported
 
     def _child(self, family: Any, values: tuple[str, ...]) -> Any:
-        return self.metrics[family.name].labels(**self.labels, **dict(zip(family.labels, values)))
+        return self.metrics[family.name].labels(**self.labels, **dict(zip(family.labels, values, strict=True)))
 
     def add_round(self, width: int, chain: bool, entries: list[list[int]]) -> None:
         for family, values, amount in _metrics_mod().round_increments(width, chain, entries):
