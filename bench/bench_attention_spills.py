@@ -93,7 +93,7 @@ def sglang_kernel(version: str):
 def measure(version: str, progress=print) -> tuple[list[dict], str]:
     sys.path.insert(0, str(ROOT))
     import torch
-    from ddtree_deploy.refengine.runtime_loader import load_runtime
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime
 
     rt = load_runtime(ROOT / "patches" / "ddtree" / "runtime")
     ours = importlib.import_module(rt.__name__ + ".tree_attn_triton")

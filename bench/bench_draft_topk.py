@@ -49,7 +49,7 @@ def _load(smoke: bool):
     if smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit decorates the kernels
     sys.path.insert(0, str(ROOT))
-    from ddtree_deploy.refengine.runtime_loader import load_runtime
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime
 
     rt = load_runtime(ROOT / "patches" / "ddtree" / "runtime")
     spec = importlib.util.spec_from_file_location("ddtree_v2_draft_topk", ROOT / "patches/ddtree/spec-v2/draft_topk.py")

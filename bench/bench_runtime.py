@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
 sys.path[:0] = [str(ROOT / "tests" / "runtime"), str(ROOT)]
 
-from ddtree_deploy.refengine.runtime_loader import load_runtime  # noqa: E402
+from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime  # noqa: E402
 
 rt = load_runtime(RUNTIME_DIR)
 from ddtree_runtime.tree_triton import build_tree_triton  # noqa: E402

@@ -50,7 +50,7 @@ def load_runtime(smoke: bool):
     if smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(ROOT))
-    from ddtree_deploy.refengine.runtime_loader import load_runtime as load
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime as load
 
     return load(ROOT / "patches" / "ddtree" / "runtime")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 sys.path.insert(0, sys.argv[1])
-from ddtree_deploy.refengine.runtime_loader import load_runtime
+from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime
 rt = load_runtime(Path(sys.argv[1]) / "patches" / "ddtree" / "runtime")
 import importlib
 mod = importlib.import_module(rt.__name__ + ".tree_attn_triton")
