@@ -49,7 +49,7 @@ $(STAMP): $(filter $(VENV)/bin/python,$(PY)) pyproject.toml tests/sglang_v1/requ
 deps: install
 
 demo: install
-	$(PY) -m ddtree_deploy.demo
+	$(PY) -m ddtree_deploy.sandbox.demo
 
 # Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
 # In TEST_JOBS worker processes (pytest-xdist): much of the suite waits on sshd hosts and subprocesses; on 2 cores

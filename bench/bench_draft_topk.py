@@ -28,16 +28,19 @@ Without CUDA (and without --smoke) it refuses with exit 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.gpu_timing import graph_us  # noqa: E402
+
 COMMAND = "python bench/bench_draft_topk.py"
 FULL = dict(vocab=151_936, hidden=4096, batches=(1, 8, 32), depth=15, ks=(16, 32, 64))
 SMOKE = dict(vocab=700, hidden=32, batches=(1, 2), depth=2, ks=(16,))
@@ -49,7 +52,7 @@ def _load(smoke: bool):
     if smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit decorates the kernels
     sys.path.insert(0, str(ROOT))
-    from ddtree_deploy.refengine.runtime_loader import load_runtime
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime
 
     rt = load_runtime(ROOT / "patches" / "ddtree" / "runtime")
     spec = importlib.util.spec_from_file_location("ddtree_v2_draft_topk", ROOT / "patches/ddtree/spec-v2/draft_topk.py")
@@ -58,36 +61,6 @@ def _load(smoke: bool):
     spec.loader.exec_module(glue)
     glue.runtime = lambda: rt
     return rt, glue, importlib.import_module(rt.__name__ + ".topk_select_triton")
-
-
-def graph_us(fn, reps: int = 10, replays: int = 20, windows: int = 5) -> float:
-    """Median GPU µs of one ``fn`` call: ``reps`` calls captured in one CUDA graph, timed over ``replays``
-    replays per window with CUDA events, median over ``windows``."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(windows):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / (replays * reps))
-    return statistics.median(times)
 
 
 def wall_us(fn, iters: int = 1) -> float:
@@ -102,7 +75,7 @@ def measure(rt, glue, kernel, shape: dict, smoke: bool, progress=print) -> list[
     import torch
 
     dev = torch.device("cpu" if smoke else "cuda")
-    timer = wall_us if smoke else graph_us
+    timer = wall_us if smoke else functools.partial(graph_us, reps=10, replays=20, warmup=3)
     gen = torch.Generator(device=dev).manual_seed(20)
     vocab, hidden, depth = shape["vocab"], shape["hidden"], shape["depth"]
     weight = (torch.randn(vocab, hidden, device=dev, generator=gen, dtype=torch.float32) * hidden ** -0.5).to(

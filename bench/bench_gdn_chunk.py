@@ -40,7 +40,7 @@ def main() -> int:
     import torch
     import triton.testing as tt
 
-    from ddtree_deploy.refengine.runtime_loader import load_runtime
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime
 
     rt = load_runtime(ROOT / "patches" / "ddtree" / "runtime", module_name="ddtree_runtime")
     tr = importlib.import_module("ddtree_runtime.tree_recurrent")

@@ -19,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "runtime"), str(ROOT)]
 
-from ddtree_deploy.refengine.runtime_loader import load_runtime  # noqa: E402
+from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime  # noqa: E402
 
 RT = load_runtime(ROOT / "patches" / "ddtree" / "runtime", "ddtree_runtime_bench")
 SENTINEL = 7

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-PKG_DIR = REPO / "ddtree_deploy" / "refengine"
+PKG_DIR = REPO / "ddtree_deploy" / "sandbox" / "refengine"
 RUNTIME_DIR = Path(os.environ.get("DDTREE_RUNTIME_PATH") or REPO / "patches" / "ddtree" / "runtime")
 PROMPTS = [
     "Hello world",
@@ -37,7 +37,7 @@ PROMPTS = [
 
 
 def _load_engine_package():
-    """Import ddtree_deploy/refengine under its deployed name, as the sandbox hosts run it."""
+    """Import ddtree_deploy/sandbox/refengine under its deployed name, as the sandbox hosts run it."""
     if "ddtree_refengine" not in sys.modules:
         spec = importlib.util.spec_from_file_location(
             "ddtree_refengine", PKG_DIR / "__init__.py", submodule_search_locations=[str(PKG_DIR)])

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
 sys.path[:0] = [str(ROOT / "tests" / "runtime"), str(ROOT)]
 
-from ddtree_deploy.refengine.runtime_loader import load_runtime  # noqa: E402
+from bench.gpu_timing import graph_us as graph_us_of  # noqa: E402
+from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime  # noqa: E402
 
 rt = load_runtime(RUNTIME_DIR)
 from ddtree_runtime.tree_triton import build_tree_triton  # noqa: E402
@@ -40,28 +41,6 @@ WALK_FIELDS = ("accepted_nodes", "accept_len", "accepted_tokens", "bonus_token")
 
 def same(a, b, fields) -> bool:
     return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
-
-
-def graph_time_us(fn, iters: int) -> float:
-    """Capture ``fn`` in a CUDA graph and return the mean GPU time of one replay (CUDA events)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / iters
 
 
 def eager_time_us(fn, iters: int) -> float:
@@ -192,7 +171,7 @@ def run_config(batch: int, budget: int, vocab: int, depth: int, iters: int, ref_
     graph_us, errors = {}, {}
     for name, fn in parts.items():
         try:
-            graph_us[name] = round(graph_time_us(fn, iters) if cuda else host_time_us(fn, 1), 2)
+            graph_us[name] = round(graph_us_of(fn, replays=iters, windows=1) if cuda else host_time_us(fn, 1), 2)
         except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"[:300]
     out["gpu_us_cuda_graph"] = graph_us

@@ -21,12 +21,17 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.bench_args import BadArgs, ints, need_cuda, pick, refuse  # noqa: E402
+from bench.gpu_timing import graph_us  # noqa: E402
+
+PROG = "bench_verify_attention"
+
 COMMAND = "python bench/bench_verify_attention.py"
 #: attention layers, query heads, KV heads, head dim of the targets bench/e2e/models/mk_shapes.py serves
 SHAPES = {"q8b": dict(title="Qwen3-8B (36 layers, 32 / 8 heads of 128)", layers=36, hq=32, hkv=8, d=128),
@@ -36,21 +41,11 @@ SMOKE_SHAPES = {"tiny": dict(title="tiny (smoke)", layers=2, hq=4, hkv=2, d=16)}
 WIDTHS = (16, 17, 65)
 
 
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        vals = ()
-    if not vals or any(v < 1 for v in vals):
-        raise ValueError(f"bench_verify_attention: --{what} takes positive integers separated by commas, not {text!r}")
-    return vals
-
-
 def load_runtime(smoke: bool):
     if smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(ROOT))
-    from ddtree_deploy.refengine.runtime_loader import load_runtime as load
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime as load
 
     return load(ROOT / "patches" / "ddtree" / "runtime")
 
@@ -113,31 +108,6 @@ def variant_fn(kind: str, rt, sg, inp: dict, splits=None):
     return run
 
 
-def graph_ms(torch, fn, replays: int = 10, windows: int = 5) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(windows):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    del graph
-    return statistics.median(times)
-
-
 def wall_ms(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -181,7 +151,7 @@ def measure(torch, rt, sg, shapes: dict, batches, widths, context: int, smoke: b
                 for kind in kinds:  # a variant that fails is recorded with its error; the others still run
                     try:
                         fn = variant_fn(kind, rt, sg, inp)
-                        row[kind + "_ms"] = round(wall_ms(fn) if smoke else graph_ms(torch, fn), 4)
+                        row[kind + "_ms"] = round(wall_ms(fn) if smoke else graph_us(fn) / 1000.0, 4)
                     except Exception as exc:  # noqa: BLE001
                         row[kind + "_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 row["splits"] = rt_plan(rt, bs, shape, w, device)["splits"]
@@ -249,23 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    if not args.smoke and not torch.cuda.is_available():
-        print("bench_verify_attention: needs a CUDA GPU (torch sees none); use --smoke for the CPU smoke run",
-              file=sys.stderr)
-        return 2
-    table = SMOKE_SHAPES if args.smoke else SHAPES
-    if args.shapes:
-        unknown = [n for n in args.shapes.split(",") if n not in table]
-        if unknown:
-            print(f"bench_verify_attention: unknown shape {unknown[0]!r} (known: {', '.join(table)})", file=sys.stderr)
-            return 2
-        table = {n: table[n] for n in args.shapes.split(",")}
     try:
-        batches = _ints(args.batches, "batches") if args.batches else ((1, 2) if args.smoke else (1, 8, 32))
-        widths = _ints(args.widths, "widths") if args.widths else ((3, 5) if args.smoke else WIDTHS)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        need_cuda(PROG, args.smoke)
+        table = pick(SMOKE_SHAPES if args.smoke else SHAPES, args.shapes, "shapes", PROG)
+        batches = ints(args.batches, "batches", PROG) if args.batches else ((1, 2) if args.smoke else (1, 8, 32))
+        widths = ints(args.widths, "widths", PROG) if args.widths else ((3, 5) if args.smoke else WIDTHS)
+    except BadArgs as exc:
+        return refuse(exc)
     context = args.context if args.context is not None else (20 if args.smoke else 560)
     if context < 0:
         print("bench_verify_attention: --context must be >= 0", file=sys.stderr)

@@ -27,6 +27,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.bench_args import BadArgs, ints, need_cuda, pick, refuse  # noqa: E402
+from bench.gpu_timing import graph_us  # noqa: E402
+
+PROG = "bench_verify_gemm"
+
 COMMAND = "python bench/bench_verify_gemm.py"
 
 #: (name, in features, out features, how many per forward) for each linear layer of the target, from the configs
@@ -46,16 +52,6 @@ MODELS = {
 SMOKE_MODELS = {"tiny": dict(title="tiny (smoke)", layers=[("proj", 32, 48, 2), ("lm_head", 32, 100, 1)])}
 BATCHES = (1, 8, 16, 32)
 WIDTHS = (16, 17, 32, 33, 64, 65)
-
-
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        vals = ()
-    if not vals or any(v < 1 for v in vals):
-        raise ValueError(f"bench_verify_gemm: --{what} takes positive integers separated by commas, not {text!r}")
-    return vals
 
 
 def stack(torch, spec: dict, device: str, dtype) -> tuple[list, dict]:
@@ -81,31 +77,6 @@ def forward_fn(torch, spec: dict, order: list, weights: dict, m: int, device: st
     return run
 
 
-def graph_ms(torch, fn, replays: int = 10, windows: int = 5) -> float:
-    """Median GPU ms of one ``fn`` call, captured in a CUDA graph (launch cost excluded, as in a serving graph)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # cuBLAS picks its kernels and workspace outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(windows):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    del graph
-    return statistics.median(times)
-
-
 def wall_ms(fn, reps: int = 3) -> float:
     times = []
     for _ in range(reps):
@@ -126,7 +97,7 @@ def measure(torch, models: dict, batches, widths, smoke: bool, progress=print) -
             for w in widths:
                 m = bs * w
                 fn = forward_fn(torch, spec, order, weights, m, device, dtype)
-                ms = wall_ms(fn) if smoke else graph_ms(torch, fn)
+                ms = wall_ms(fn) if smoke else graph_us(fn, warmup=1) / 1000.0
                 if base is None:
                     base = (w, ms)
                 row = dict(model=key, batch=bs, width=w, m=m, ms=round(ms, 4),
@@ -182,24 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    if not args.smoke and not torch.cuda.is_available():
-        print("bench_verify_gemm: needs a CUDA GPU (torch sees none); use --smoke for the CPU smoke run",
-              file=sys.stderr)
-        return 2
-    table = SMOKE_MODELS if args.smoke else MODELS
-    if args.models:
-        names = args.models.split(",")
-        unknown = [n for n in names if n not in table]
-        if unknown:
-            print(f"bench_verify_gemm: unknown model {unknown[0]!r} (known: {', '.join(table)})", file=sys.stderr)
-            return 2
-        table = {n: table[n] for n in names}
     try:
-        batches = _ints(args.batches, "batches") if args.batches else ((1, 2) if args.smoke else BATCHES)
-        widths = _ints(args.widths, "widths") if args.widths else ((4, 5) if args.smoke else WIDTHS)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        need_cuda(PROG, args.smoke)
+        table = pick(SMOKE_MODELS if args.smoke else MODELS, args.models, "models", PROG)
+        batches = ints(args.batches, "batches", PROG) if args.batches else ((1, 2) if args.smoke else BATCHES)
+        widths = ints(args.widths, "widths", PROG) if args.widths else ((4, 5) if args.smoke else WIDTHS)
+    except BadArgs as exc:
+        return refuse(exc)
     out = Path(args.out)
     if not out.is_dir():
         print(f"bench_verify_gemm: --out {out}: no such folder", file=sys.stderr)

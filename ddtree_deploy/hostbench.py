@@ -14,18 +14,22 @@ server, so the guardian restarts it on the active release with the host file's f
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import statistics
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterator
 
+from . import paths
 from .errors import DeployError, InputError, OperationFailed, is_cut
 from .hostops import flag_drift
 from .inventory import Host, server_setting
 from .ddtree_stats import _first_state, ddtree_summary
 from .server import ServerControl, base_url, require_server
-from .spec_flags import budget_of, chain_flags, is_ddtree, with_budget
+from .spec_flags import budget_of, chain_flags, is_ddtree, with_budget, with_metrics
 from .transaction import Progress, Run, quiet, run_on_host
 
 #: The built-in workload: short prompts of different kinds (prose, code, lists, a question), each decoded to a fixed
@@ -114,15 +118,17 @@ def plain() -> Config:
 
 
 def chain(host: Host) -> Config:
-    return Config("chain", chain_flags(str(host.server.get("ddtree_flags") or "")), "0")
+    return Config("chain", with_metrics(chain_flags(str(host.server.get("ddtree_flags") or ""))), "0")
 
 
 def ddtree(host: Host, budget: str | None = None, name: str | None = None) -> Config:
+    """DDTree at ``budget`` (the host file's when None), started with ``/metrics`` on (``spec_flags.with_metrics``)
+    so its per-depth acceptance is read from DDTree's own counters."""
     flags = str(host.server.get("ddtree_flags") or "")
     if budget is not None:
         flags = with_budget(flags, budget)
     b = budget_of(flags) or "16"
-    return Config(name or f"ddtree-{b}", flags, b)
+    return Config(name or f"ddtree-{b}", with_metrics(flags), b)
 
 
 DEFAULT_REPS = 3
@@ -148,6 +154,9 @@ class Measurement:
     round_ms: float
     accept_stats: dict[str, Any] | None = field(default=None, repr=False)
     reps: int = 1
+    #: per draft depth 1.., the share of drafts whose accepted path reached it during this cell (DDTree's /metrics
+    #: counters, after minus before the workload); None where the server serves none
+    accept_by_depth: list[float] | None = None
     tok_s_min: float = 0.0
     tok_s_max: float = 0.0
     round_ms_min: float = 0.0
@@ -169,6 +178,39 @@ class Measurement:
         return d
 
 
+def runtime_module(stem: str, what: str) -> ModuleType:
+    """The runtime's stdlib-only ``<stem>.py`` (``schedule``, ``metrics``), loaded by path from the patch sets this
+    tool ships (the file the overlay vendors)."""
+    name = f"ddtree_deploy_runtime_{stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = paths.patches_root() / "ddtree" / "runtime" / f"{stem}.py"
+    if not path.is_file():
+        raise InputError(f"{path}: the DDTree runtime's {what} is missing from the patch sets")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # before exec: it holds a dataclass
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def metrics_module() -> ModuleType:
+    """The runtime's ``metrics.py``: DDTree's Prometheus families and how a scrape is read."""
+    return runtime_module("metrics", "metric definitions")
+
+
+def acceptance_stats(reply: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the server's cumulative acceptance counters, what this workload added) from a workload reply: DDTree's
+    ``/metrics`` families when the server serves them (``source: metrics``; the runtime's ``metrics.acceptance``),
+    else the reference engine's ``spec_accept_stats`` in ``/get_server_info`` (``source: server_info``; no delta)."""
+    m = metrics_module()
+    after = m.acceptance(reply.get("metrics_after") or "")
+    if after is not None:
+        return {"source": "metrics", **after}, m.difference(after, m.acceptance(reply.get("metrics_before") or ""))
+    stats = _first_state((reply.get("server_info") or {}).get("info") or {}).get("spec_accept_stats")
+    return ({"source": "server_info", **stats} if stats else None), None
+
+
 def summarize(cfg: Config, reply: dict[str, Any]) -> Measurement:
     """Throughput, acceptance and latency of one workload reply (remote/probe.py ``workload``). A round is one
     verify pass for speculative configs and one decode step for plain decoding, so ``round_ms`` is comparable."""
@@ -180,11 +222,13 @@ def summarize(cfg: Config, reply: dict[str, Any]) -> Measurement:
     committed = sum(float(r["spec_accept_length"] or 0) * n for r, n in zip(reqs, rounds, strict=True)) if spec else 0.0
     accept = committed / sum(rounds) if spec else None
     per_round = [float(r["latency"]) / (n if spec else max(int(r["completion_tokens"]), 1)) for r, n in zip(reqs, rounds, strict=True)]
-    stats = _first_state((reply.get("server_info") or {}).get("info") or {}).get("spec_accept_stats")
+    stats, added = acceptance_stats(reply)
+    by_depth = metrics_module().accept_by_depth(added) if added and added.get("drafts") else None
     return Measurement(cfg.name, cfg.budget, int(reply["concurrency"]), len(reqs), tokens, float(reply["seconds"]),
                        round(tokens / max(float(reply["seconds"]), 1e-9), 2), round(accept, 3) if accept else None,
                        round(1000 * statistics.mean(lat), 2), round(1000 * lat[int(0.9 * (len(lat) - 1))], 2),
-                       round(1000 * sum(lat) / max(tokens, 1), 3), round(1000 * statistics.mean(per_round), 3), stats)
+                       round(1000 * sum(lat) / max(tokens, 1), 3), round(1000 * statistics.mean(per_round), 3), stats,
+                       accept_by_depth=by_depth)
 
 
 def combine(reps: list[Measurement]) -> Measurement:
@@ -197,13 +241,16 @@ def combine(reps: list[Measurement]) -> Measurement:
         return round(statistics.median(getattr(m, name) for m in reps), 3)
 
     accept = [m.accept_length for m in reps if m.accept_length is not None]
+    depths = [m.accept_by_depth for m in reps if m.accept_by_depth]
     first = reps[0]
     return Measurement(first.config, first.budget, first.batch, sum(m.requests for m in reps),
                        sum(m.tokens for m in reps), round(sum(m.seconds for m in reps), 3), med("tok_s"),
                        round(statistics.median(accept), 3) if accept else None, med("latency_ms"),
                        med("latency_p90_ms"), med("ms_per_token"), med("round_ms"), reps[-1].accept_stats,
                        reps=len(reps), tok_s_min=min(m.tok_s for m in reps), tok_s_max=max(m.tok_s for m in reps),
-                       round_ms_min=min(m.round_ms for m in reps), round_ms_max=max(m.round_ms for m in reps))
+                       round_ms_min=min(m.round_ms for m in reps), round_ms_max=max(m.round_ms for m in reps),
+                       accept_by_depth=[round(statistics.median(col), 4) for col in zip(*depths, strict=False)] if depths
+                       else None)
 
 
 class Session:
@@ -254,10 +301,12 @@ class Session:
         self.serve(cfg)
         self.run.mgr.stage = f"bench {cfg.name} batch {batch}"
         budget = 60.0 + 2.0 * max_new_tokens * max(len(prompts), batch)
+        metrics_prefix = metrics_module().PREFIX if cfg.ddtree else None
         done = []
         for _ in range(reps):
             reply = self.run.conn.call("probe", "workload", timeout=budget + 30, url=self.url, prompts=prompts,
-                                       max_new_tokens=max_new_tokens, concurrency=batch, budget=budget)
+                                       max_new_tokens=max_new_tokens, concurrency=batch, budget=budget,
+                                       metrics_prefix=metrics_prefix)
             done.append(summarize(cfg, reply))
         m = combine(done)
         self.progress(f"{self.host.name}: {cfg.name} batch {batch}: {m.spread} tok/s (median (min–max) x reps), "
@@ -365,4 +414,4 @@ def plan(host: Host, configs: list[Config], batch_sizes: list[int] | None, *, re
 
 
 __all__ = ["BUILTIN_PROMPTS", "DEFAULT_REPS", "Config", "Measurement", "combine", "Session", "bench", "chain", "ddtree", "load_prompts",
-           "measuring", "parse_sizes", "plain", "plan", "summarize"]
+           "measuring", "metrics_module", "parse_sizes", "plain", "plan", "runtime_module", "summarize"]

@@ -11,6 +11,8 @@ import shlex
 
 BUDGET_FLAGS = ("--speculative-ddtree-budget", "--ddtree-budget")
 ALGORITHM_FLAG = "--speculative-algorithm"
+#: SGLang's switch for ``/metrics`` (its own families and DDTree's); the reference engine takes it too.
+METRICS_FLAG = "--enable-metrics"
 
 
 def _find(tokens: list[str], names: tuple[str, ...]) -> tuple[int, int, str] | None:
@@ -64,3 +66,10 @@ def is_ddtree(flags: str) -> bool:
     """Whether the flags run DDTree (a budget with the DFLASH algorithm, or the reference engine's DDTREE)."""
     alg = algorithm_of(flags)
     return alg == "DDTREE" or (alg == "DFLASH" and budget_of(flags) is not None)
+
+
+def with_metrics(flags: str) -> str:
+    """The flags with ``/metrics`` on (``--enable-metrics`` appended unless they have it): what ``bench`` and ``tune``
+    measure with, so DDTree's acceptance counters can be read from the server."""
+    tokens = shlex.split(flags or "")
+    return shlex.join(tokens if METRICS_FLAG in tokens else tokens + [METRICS_FLAG])

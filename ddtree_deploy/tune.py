@@ -19,15 +19,13 @@ is kept and the output says so, so two runs on an unchanged host do not flip the
 """
 from __future__ import annotations
 
-import importlib.util
 import posixpath
-import sys
 from types import ModuleType
 from typing import Any
 
-from . import paths
 from .errors import InputError, OperationFailed
-from .hostbench import DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, plain
+from .hostbench import (DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, metrics_module, plain,
+                        runtime_module)
 from .hostfile import plan_budget_edit, write_host_file
 from .inventory import Host
 from .ddtree_stats import ddtree_summary
@@ -42,18 +40,8 @@ MAX_DEFAULT_BATCH = 32
 
 
 def schedule_module() -> ModuleType:
-    """The runtime's ``schedule.py`` (stdlib only), loaded by path from the patch sets this tool ships."""
-    name = "ddtree_deploy_runtime_schedule"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = paths.patches_root() / "ddtree" / "runtime" / "schedule.py"
-    if not path.is_file():
-        raise InputError(f"{path}: the DDTree runtime's cost model is missing from the patch sets")
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # before exec: it holds a dataclass
-    spec.loader.exec_module(mod)
-    return mod
+    """The runtime's ``schedule.py``: the schedule and the cost model."""
+    return runtime_module("schedule", "cost model")
 
 
 def parse_budgets(text: str | None) -> list[int]:
@@ -95,10 +83,16 @@ def check_schedule_support(conn: HostConnection, host: Host, release: str | None
 
 
 def accept_profile(stats: dict[str, Any] | None, depths: int) -> list[list[float]]:
-    """Per-depth, per-rank acceptance from the server's counters: hits[d][r] / reached[d] (0 where unreached)."""
+    """Per-depth, per-rank acceptance from the server's counters: from DDTree's ``/metrics`` families (``source``
+    "metrics": accepted / observed per (depth, rank), the runtime's ``metrics.accept_profile``), else the reference
+    engine's ``spec_accept_stats``: hits[d][r] / reached[d] (0 where unreached)."""
+    if stats and stats.get("rank_observed"):
+        return metrics_module().accept_profile(stats, depths)
     if not stats or not stats.get("depth_reached"):
-        raise OperationFailed("the server reports no per-depth acceptance (internal_states[0].spec_accept_stats); "
-                              "tune needs a patch set (or engine) that counts it")
+        raise OperationFailed("the server reports no per-depth acceptance: neither DDTree's counters on /metrics "
+                              f"({metrics_module().PREFIX}draft_rank_*; SGLang serves /metrics with "
+                              "--enable-metrics, which bench and tune add to the configs they start) nor "
+                              "internal_states[0].spec_accept_stats; tune needs a patch set (or engine) that counts it")
     reached, hits = stats["depth_reached"], stats["rank_hits"]
     prof = []
     for d in range(min(depths, len(reached))):
@@ -236,12 +230,19 @@ def tune(host: Host, prompts: list[str], *, batch_sizes: list[int] | None, budge
         for b in order:
             for bs in sizes:
                 ms.append(s.measure(ddtree(host, str(b)), bs, prompts, max_new_tokens, reps))
-            if b == max(budgets):  # the widest budget's counters: every rank it could draft
-                stats = ms[-1].accept_stats
+        # the widest budget's counters (every rank it could draft) where the server gave some; a budget measured as
+        # the server ran it (no restart) may lack /metrics
+        for b in sorted(budgets, reverse=True):
+            stats = next((m.accept_stats for m in reversed(ms) if m.config == f"ddtree-{b}" and m.accept_stats), None)
+            if stats:
+                break
         for cfg in (chain(host), plain()):
             for bs in sizes:
                 ms.append(s.measure(cfg, bs, prompts, max_new_tokens, reps))
     result = fit(ms, budgets, sizes, stats, depths, margin)
+    result["accept_source"] = (stats or {}).get("source")  # "metrics" (DDTree's /metrics) or "server_info"
+    if result["accept_source"] == "metrics":  # per depth, the share of the widest budget's drafts that reached it
+        result["accept_by_depth"] = metrics_module().accept_by_depth(stats)
     result.update(host=host.name, release=s.active, batch_sizes=sizes, budgets=budgets, prompts=len(prompts),
                   max_new_tokens=max_new_tokens, margin=margin, reps=reps, restored=s.restored,
                   measurements=[m.to_dict() for m in ms], old_flags=flags, host_file=host.source, within_noise=None)
@@ -281,5 +282,5 @@ def restart_with(new_host: Host, old_host: Host, old_text: str, progress: Progre
                           f"({res['startup'].get('detail')}); the host file and the server are back as they were")
 
 
-__all__ = ["DEFAULT_BUDGETS", "accept_profile", "default_batch_sizes", "fit", "parse_budgets", "plan", "schedule_module",
-           "tune", "within_noise"]
+__all__ = ["DEFAULT_BUDGETS", "accept_profile", "default_batch_sizes", "fit", "metrics_module", "parse_budgets", "plan",
+           "schedule_module", "tune", "within_noise"]

@@ -19,7 +19,7 @@ def test_demo_runs_the_whole_flow_and_leaves_nothing_running(sandbox, tmp_path: 
     env = {**os.environ, "DDTREE_SANDBOX_DIR": str(tmp_path / "sandbox"), "DDTREE_INVENTORY": str(tmp_path / "hosts"),
            "DDTREE_SNAPSHOTS": str(tmp_path / "snapshots"), "COLUMNS": "200"}
     env.pop("DEMO_KEEP", None)
-    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy.demo"], cwd=tmp_path, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "ddtree_deploy.sandbox.demo"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]

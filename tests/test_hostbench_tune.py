@@ -150,6 +150,35 @@ def test_summary_and_fit_with_the_runtime_cost_model():
         tune_mod.accept_profile(None, 2)
 
 
+def test_acceptance_is_read_from_ddtrees_metrics_when_the_server_serves_them():
+    """The workload reply's /metrics lines (before and after) win over spec_accept_stats: the profile is accepted /
+    observed per (depth, rank), the cell's acceptance by depth what the workload added."""
+    m = tune_mod.metrics_module()
+    before, after = m.Totals(), m.Totals()
+    before.add_round(9, False, [m.round_entry(8, 1, 8, False)])
+    after.add_round(9, False, [m.round_entry(8, 1, 8, False)])
+    after.add_round(9, False, [m.round_entry(8, 2, 8, False), m.round_entry(8, 0, 8, False)])
+    after.set_ranks([[4, 2], [2, 1]], [[2, 1], [1, 0]])
+    reply = {**_reply(2, 0.1, 1, 2.0), "metrics_before": m.render(before.samples()),
+             "metrics_after": m.render(after.samples(), {"model_name": "x"})}
+    got = hostbench.summarize(hostbench.Config("ddtree-8", "--speculative-ddtree-budget 8", "8"), reply)
+    assert got.accept_stats["source"] == "metrics" and got.accept_by_depth == [0.5, 0.5]
+    assert got.to_dict()["accept_by_depth"] == [0.5, 0.5] and "accept_stats" not in got.to_dict()
+    assert tune_mod.accept_profile(got.accept_stats, 2) == [[0.5, 0.5], [0.5, 0.0]]
+    # a server without them: the engine's own counters, as before
+    plain = hostbench.summarize(hostbench.Config("ddtree-8", "--speculative-ddtree-budget 8", "8"), _reply(2, 0.1, 1, 2.0))
+    assert plain.accept_stats["source"] == "server_info" and plain.accept_by_depth is None
+    assert tune_mod.accept_profile(plain.accept_stats, 2) == [[0.5, 0.3], [0.4, 0.2]]
+    with pytest.raises(OperationFailed, match=r"sglang:ddtree_draft_rank_\*.*--enable-metrics"):
+        tune_mod.accept_profile({"source": "metrics", "rank_observed": []}, 2)
+
+
+def test_measured_configs_start_with_metrics_on():
+    assert spec_flags.with_metrics("--speculative-algorithm DFLASH") == "--speculative-algorithm DFLASH --enable-metrics"
+    assert spec_flags.with_metrics("--enable-metrics --tp 2") == "--enable-metrics --tp 2"
+    assert spec_flags.with_metrics("") == "--enable-metrics"
+
+
 def _m(config: str, tok_s: float, batch: int = 1, round_ms: float = 5.0) -> hostbench.Measurement:
     return hostbench.Measurement(config, None, batch, 6, 72, 1.0, tok_s, 2.0, 10.0, 12.0, 1.0, round_ms)
 

@@ -38,8 +38,9 @@ def test_every_spec_v2_base_has_its_traits_in_its_folder():
     assert list(rows) == _spec_v2_folders(), "every spec-v2 folder, oldest first"
     table = bases.table(rows, str(DDTREE))  # every row of the kinds bases.py reads
     assert table["0.5.14"] == bases.Base(draft_width="copy", tree_in_graph=False, grammar=False, schedule=False,
-                                         hybrid=False, flashinfer=True)
+                                         hybrid=False, flashinfer=True, meta_info=False)
     assert bases.with_trait("hybrid", table)[0] == "0.5.17" and bases.with_trait("flashinfer", table)[-1] == "0.5.21"
+    assert bases.with_trait("meta_info", table)[0] == "0.5.15", "0.5.14's output streamer: /metrics only"
     assert "0.5.11" not in family_traits(DDTREE), "0.5.11 (spec-v1) has no traits"
 
 

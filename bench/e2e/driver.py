@@ -42,6 +42,9 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             on tensor cores (default: float32 FMA)
   -tattn    (ddtree, spec-v2, triton) DDTREE_VERIFY_ATTN=ddtree: the target's tree-verify attention through DDTree's
             kernel (runtime/tree_attn*.py) instead of SGLang's extend kernel with a custom mask
+  -sync     DDTREE_SYNC_CHECK=1: every host-synchronising CUDA call of a DDTree round logged with its source line
+  -metrics  --enable-metrics: DDTree's /metrics counters, round timing and per-(depth, rank) counts run every round
+            (spec-v2/metrics.py; with -sync: the round's synchronising calls are those of the same config without it)
   -fi       (0.5.17+) --attention-backend flashinfer for the target and the DFlash drafter (what a server given only
             --attention-backend flashinfer runs); ddtree configurations add --speculative-ddtree-allow-unproven while
             the backends table (patches/ddtree/spec-v2/backends.py) has FlashInfer wired but unproven. Needs the real
@@ -163,6 +166,8 @@ def parse(name: str) -> dict:
             cfg["attention"], cfg["draft_attention"] = ATTENTION_SUFFIXES[p]
         elif p == "sync":  # DDTREE_SYNC_CHECK=1: log every host-synchronising CUDA call of a DDTree round
             cfg["sync_check"] = True
+        elif p == "metrics":  # --enable-metrics: DDTree's /metrics counters and round timing run in every round
+            cfg["metrics"] = True
         elif p == "prof":
             cfg["profile"] = True
         elif p.startswith("mrr"):
@@ -236,6 +241,8 @@ def engine_kwargs(cfg: dict) -> dict:
             kw.pop("cuda_graph_max_bs_decode", None)
     if cfg["algo"] in ("chain", "ddtree"):
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(MODELS / drf))
+    if cfg.get("metrics"):
+        kw["enable_metrics"] = True
     if cfg["algo"] == "ddtree":
         kw["speculative_ddtree_budget"] = cfg["budget"]
         if cfg.get("adapt"):
@@ -253,7 +260,10 @@ def speed_batches(cfg: dict) -> tuple[int, ...]:
 
 def _meta(m: dict) -> dict:
     keep = ("completion_tokens", "prompt_tokens", "finish_reason", "spec_verify_ct", "spec_accept_length",
-            "spec_accepted_drafts", "spec_proposed_drafts", "e2e_latency")
+            "spec_accepted_drafts", "spec_proposed_drafts", "e2e_latency",
+            # the patch set's per-request summary (spec-v2 0.5.15+; runtime metrics.META_KEYS)
+            "ddtree_verify_ct", "ddtree_accept_length", "ddtree_accepted_tokens", "ddtree_draft_tokens",
+            "ddtree_accepted_per_depth", "ddtree_budget", "ddtree_chain_rounds")
     out = {k: m.get(k) for k in keep if k in m}
     if "spec_num_correct_drafts" in m:  # 0.5.14+ names
         out["spec_accepted_drafts"] = m["spec_num_correct_drafts"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from bench.e2e.workloads import CYCLE, NEXT
-from ddtree_deploy.refengine.runtime_loader import load_runtime
+from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime
 
 L = 7
 TOK = torch.tensor([101, 102, 103, 100] + list(range(200, 260)))

@@ -63,7 +63,9 @@ def bench_cmd(
     server: tok/s, accept length, latency per request (mean, p90), ms per token and per round, at each batch size.
 
     The server must be up, on an overlay release. It is measured first as it runs (DDTree), then restarted for the
-    chain and for plain decoding, then put back as configured."""
+    chain and for plain decoding (the speculative configs with --enable-metrics), then put back as configured.
+    Where the server serves DDTree's /metrics families (read on the host), each DDTree cell also gets its
+    acceptance by draft depth (--json: accept_by_depth)."""
     h = one_host(host, host_opt, inventory)
     sizes = hostbench.parse_sizes(batch_sizes)
     texts = hostbench.load_prompts(prompts)
@@ -126,6 +128,9 @@ def tune_cmd(
     in use (round cost per width, tokens per round, the drafter's per-depth acceptance), fit the schedule with the
     runtime's cost model, and write it into the host file's server.ddtree_flags
     (--speculative-ddtree-budget 1:64,8:32,...), keeping the file's other content and comments.
+
+    The drafter's acceptance comes from DDTree's /metrics families (sglang:ddtree_draft_rank_*, read on the host;
+    the configs tune starts carry --enable-metrics), else from the reference engine's spec_accept_stats.
 
     The host's server must be up on an overlay release whose runtime takes schedules. It is restarted once per
     config and put back as configured; without --apply the new schedule runs from the next restart."""

@@ -331,12 +331,33 @@ def _generate(url, prompts, max_new_tokens, budget):
     return results
 
 
-def workload(url, prompts, max_new_tokens, concurrency=1, budget=300.0, temperature=0.0):
+def metrics(url, prefix, timeout=5.0):
+    """The lines of the server's ``/metrics`` (Prometheus text) whose family starts with ``prefix`` (DDTree's), read
+    on the host itself (the port is never reached from outside); None when the server serves no /metrics (SGLang
+    without --enable-metrics) or none of those families."""
+    try:
+        code, body = _http(url.rstrip("/") + "/metrics", timeout)
+    except Exception:
+        return None
+    if code != 200:
+        return None
+    def ours(line):  # a sample of the families, or their "# HELP name" / "# TYPE name" line
+        name = (line.split(" ", 3)[2:3] or [""])[0] if line.startswith("# ") else line
+        return name.startswith(prefix)
+
+    lines = [line for line in body.decode("utf-8", "replace").splitlines() if ours(line)]
+    return "\n".join(lines) + "\n" if any(not line.startswith("#") for line in lines) else None
+
+
+def workload(url, prompts, max_new_tokens, concurrency=1, budget=300.0, temperature=0.0, metrics_prefix=None):
     """A measured workload: every prompt once (cycled until ``concurrency`` requests can be in flight), with
     ``concurrency`` requests in flight at a time, so the server decodes them as a batch of that size. Each request
     decodes exactly ``max_new_tokens`` (ignore_eos). Per request: tokens, latency and the server's speculative
-    counters; the wall time of the whole run; /get_server_info after it. Runs on the host: latencies carry no SSH."""
+    counters; the wall time of the whole run; /get_server_info after it; with ``metrics_prefix``, the server's
+    /metrics lines of those families before and after the run (``metrics``). Runs on the host: latencies carry no
+    SSH."""
     concurrency = max(1, int(concurrency))
+    before = metrics(url, metrics_prefix) if metrics_prefix else None
     total = max(len(prompts), concurrency)
     total += (-total) % concurrency
     jobs = [prompts[i % len(prompts)] for i in range(total)]
@@ -383,7 +404,8 @@ def workload(url, prompts, max_new_tokens, concurrency=1, budget=300.0, temperat
     if any(r is None for r in results):
         raise Failure("workload at batch %d did not finish within %.0f s" % (concurrency, float(budget)), "timeout")
     return {"requests": results, "seconds": round(wall, 4), "concurrency": concurrency,
-            "server_info": server_info(url)}
+            "server_info": server_info(url), "metrics_before": before,
+            "metrics_after": metrics(url, metrics_prefix) if metrics_prefix else None}
 
 
 def read_json(path):
@@ -401,4 +423,4 @@ def write_json(path, data):
 
 
 OPS = {"inspect": inspect, "gpu": gpu, "selftest": selftest, "wait_ready": wait_ready, "server_info": server_info,
-       "generate": generate, "workload": workload, "read_json": read_json, "write_json": write_json}
+       "generate": generate, "workload": workload, "metrics": metrics, "read_json": read_json, "write_json": write_json}

@@ -10,7 +10,7 @@ import yaml
 from rich.console import Console
 
 from ddtree_deploy.commands.deploy import journal_table
-from ddtree_deploy.demo import steps, summary_table
+from ddtree_deploy.sandbox.demo import steps, summary_table
 
 
 def _render(renderable, width: int = 80) -> list[str]:

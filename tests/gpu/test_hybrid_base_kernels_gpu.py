@@ -105,7 +105,7 @@ def load_base_kernels(sglang_dir: Path, tag: str = "hbk") -> BaseKernels:
     att = sglang_dir / "srt" / "layers" / "attention"
     spec_dir = sglang_dir / "srt" / "speculative"
     sys.path.insert(0, str(ROOT))
-    from ddtree_deploy.refengine.runtime_loader import load_runtime
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime
 
     rt = load_runtime(spec_dir / "ddtree", module_name=f"{tag}_runtime")
     return BaseKernels(

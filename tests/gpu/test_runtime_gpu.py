@@ -16,7 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = ROOT / "patches" / "ddtree" / "runtime"
 sys.path[:0] = [str(ROOT / "tests" / "runtime"), str(ROOT)]
-from ddtree_deploy.refengine.runtime_loader import load_runtime  # noqa: E402
+from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 def load_runtime(name: str = "ddtree_runtime"):
     """The runtime package (by path, as overlays vendor it) and its tree_recurrent module."""
-    from ddtree_deploy.refengine.runtime_loader import load_runtime as load_runtime_dir
+    from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime as load_runtime_dir
 
     return load_runtime_dir(RUNTIME_DIR, module_name=name), importlib.import_module(f"{name}.tree_recurrent")
 

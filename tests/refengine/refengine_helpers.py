@@ -1,7 +1,7 @@
 """Helpers for the reference-engine tests: the package under its deployed name, server processes.
 
 The engine ships to sandbox hosts as the top-level package ``ddtree_refengine``; tests import it under
-that name (from ddtree_deploy/refengine, by path) so they exercise exactly what is deployed. Server
+that name (from ddtree_deploy/sandbox/refengine, by path) so they exercise exactly what is deployed. Server
 tests go further and run a *copy* of the package from a scratch site dir with the repo off the path.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PKG_DIR = REPO / "ddtree_deploy" / "refengine"
+PKG_DIR = REPO / "ddtree_deploy" / "sandbox" / "refengine"
 RUNTIME_DIR = Path(os.environ.get("DDTREE_RUNTIME_PATH") or REPO / "patches" / "ddtree" / "runtime").resolve()
 
 

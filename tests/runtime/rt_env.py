@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddtree_deploy.refengine.runtime_loader import load_runtime as load_runtime_dir
+from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime as load_runtime_dir
 
 # Without a GPU the Triton kernels run in the interpreter (must be set before triton.jit decorates them).
 if not torch.cuda.is_available():

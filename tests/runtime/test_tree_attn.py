@@ -173,9 +173,12 @@ def test_overrides_are_checked(rt, monkeypatch):
         mod.plan(1, 4, 1, 128, 17, torch.device("cpu"))
     monkeypatch.setenv("DDTREE_TREE_ATTN", "bm=32,splits=3")
     cfg = mod.plan(1, 4, 1, 128, 17, torch.device("cpu"))
-    assert (cfg["block_m"], cfg["splits"], cfg["row_blocks"]) == (32, 3, 3)
+    assert (cfg["block_m"], cfg["heads"], cfg["splits"], cfg["row_blocks"]) == (32, 1, 3, 4)
     monkeypatch.delenv("DDTREE_TREE_ATTN")
-    cfg = mod.plan(32, 32, 8, 128, 17, torch.device("cpu"))
-    assert (cfg["block_m"], cfg["block_n"], cfg["row_blocks"], cfg["splits"]) == (128, 64, 1, 1)
-    cfg = mod.plan(1, 24, 4, 256, 17, torch.device("cpu"))  # Qwen3.6: 6 heads x 17 rows in 64-row tiles
-    assert (cfg["block_m"], cfg["block_n"], cfg["row_blocks"]) == (64, 32, 2)
+    cfg = mod.plan(32, 32, 8, 128, 17, torch.device("cpu"))  # Qwen3-8B, b16: 4 heads x 17 rows in one tile
+    assert (cfg["block_m"], cfg["block_n"], cfg["heads"], cfg["row_blocks"], cfg["splits"], cfg["warps"]) == (
+        128, 32, 4, 1, 1, 8)
+    cfg = mod.plan(1, 32, 8, 128, 65, torch.device("cpu"))  # b64: one head of 65 rows per tile
+    assert (cfg["block_m"], cfg["heads"], cfg["row_blocks"]) == (128, 1, 4)
+    cfg = mod.plan(1, 24, 4, 256, 17, torch.device("cpu"))  # Qwen3.6: 3 of its 6 heads x 17 rows per 64-row tile
+    assert (cfg["block_m"], cfg["block_n"], cfg["heads"], cfg["row_blocks"], cfg["warps"]) == (64, 16, 3, 2, 8)

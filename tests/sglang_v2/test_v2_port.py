@@ -47,11 +47,11 @@ def test_port_rebuilds_the_0518_series(tmp_path: Path):
     assert not dest.exists(), "nothing is written into the patches tree on a conflict"
     by_patch = {p["name"]: p for p in rep["patches"]}
     assert [p["status"] for p in rep["patches"]] == ["clean", "clean", "conflict", "clean"]
-    # the hooks: each target read on 0.5.18; the two whose definition changed get their new hash (checked below
+    # the hooks: each target read on 0.5.18; the three whose definition changed get their new hash (checked below
     # against the committed series) and are reported for review
     hooks = {h["target"].rsplit(".", 1)[1]: h for h in rep["hooks"]}
-    assert len(rep["hooks"]) == 8 and sorted(k for k, h in hooks.items() if h["status"] == "changed") == [
-        "__init__", "forward_extend"]
+    assert len(rep["hooks"]) == 11 and sorted(k for k, h in hooks.items() if h["status"] == "changed") == [
+        "__init__", "_calculate_spec_decoding_metrics", "forward_extend"]
     assert all(h["new"] != h["old"] and "line(s) in its definition" in h["detail"] for h in rep["hooks"]
                if h["status"] == "changed")
     conflicts = [(h["file"], h["header"].split(" @@")[0]) for h in by_patch["0003-graph-mask.patch"]["hunks"]

@@ -9,6 +9,7 @@ report one sm90 GPU so that server arguments resolve as on an H200 (nothing is c
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -87,7 +88,9 @@ def base_deps(version: str) -> list[Path]:
 
 def need_deps(version: str | None = None) -> None:
     """Skip (or, in CI, fail) when a spec-v2 dependency folder is missing."""
-    missing = [] if (DEPS / "fastapi").is_dir() and (DEPS / "transformers").is_dir() else [DEPS]
+    have = all((DEPS / name).is_dir() for name in ("fastapi", "transformers")) and all(
+        (DEPS / name).is_dir() or importlib.util.find_spec(name) is not None for name in ("prometheus_client", "uvloop"))
+    missing = [] if have else [DEPS]
     if version in BASE_DEPS and not (Path(f"{DEPS}-{version}") / "transformers").is_dir():
         missing.append(Path(f"{DEPS}-{version}"))
     if not missing:
@@ -413,6 +416,179 @@ except ValueError as e:
 print("RESULT" + json.dumps(out))
 '''
 
+# DDTree's metrics and per-request budgets through the base's own classes (spec-v2/metrics.py, request_budget.py):
+# SamplingParams.verify with a request's setting, a DDTree worker's round records (real runtime trees, walks and
+# per-request cuts), the scheduler's real _resolve_spec_v2_tokens with the plugin's hook after it, the tokenizer
+# manager's real _calculate_spec_decoding_metrics, /metrics through prometheus_client, and the in-round code run on
+# meta tensors (any host read of a device value fails there) under an op log.
+METRICS_SCRIPT = r'''
+import importlib, json, pathlib, re, sys, types
+import torch
+from types import SimpleNamespace as NS
+from torch.utils._python_dispatch import TorchDispatchMode
+from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.ddtree import build_tree, accept_walk, prune_tree
+from sglang.srt.speculative.ddtree import metrics as rtm
+from sglang.srt.speculative.ddtree_v2 import compat, metrics as ddm, request_budget
+from sglang.srt.speculative.ddtree_v2.bases import BASES
+from sglang.srt.speculative.ddtree_v2.config import base_version
+from sglang.srt.speculative.ddtree_v2.round import DDTreeRound
+
+out = {"meta_info_base": BASES[base_version()].meta_info}
+
+# 1) a request's setting: ignored until DDTree's flags resolve in this process, then a bad one is refused
+def verify(params):
+    try:
+        SamplingParams(max_new_tokens=8, custom_params=params).verify(100)
+        return "ok"
+    except ValueError as e:
+        return str(e)
+
+bad = {"ddtree": {"budget": -2}}
+out["check_off"] = verify(bad)
+request_budget.mark_enabled()
+out["check_on"] = {k: verify(v) for k, v in {"bad_budget": bad, "unknown": {"ddtree": {"budegt": 4}},
+                                            "good": {"ddtree": {"budget": 3}}, "off": {"ddtree": {"speculative": False}},
+                                            "none": None}.items()}
+
+# 2) a DDTree worker: one tree round (budget 8, three requests: the server's budget, 3, speculative false)
+block, budget, bs, vocab = 6, 8, 3, 50
+server = NS(speculative_ddtree_budget=budget, speculative_ddtree_schedule=None, speculative_ddtree_adapt=False,
+            enable_metrics=True)
+rnd = DDTreeRound(server, block_size=block)
+worker = object.__new__(DFlashWorkerV2)
+worker._target_worker = types.SimpleNamespace()
+worker._ddtree = rnd
+
+
+def make_req(i, params):
+    sp = SamplingParams(max_new_tokens=64, custom_params=params)
+    req = Req(f"req{i}", "", [1, 2, 3], sp)
+    req.output_ids = [11]  # the prefill's token
+    return req
+
+
+reqs = [make_req(0, None), make_req(1, {"ddtree": {"budget": 3}}), make_req(2, {"ddtree": {"speculative": False}})]
+g = torch.Generator().manual_seed(5)
+lp, tok = torch.log_softmax(4 * torch.randn(bs, block - 1, vocab, generator=g), -1).sort(-1, descending=True)
+tree = build_tree(lp[..., :budget].contiguous(), tok[..., :budget].contiguous(), torch.tensor([4, 5, 6]), budget,
+                  impl="torch")
+fc = tree.first_child.to(torch.int64)  # the target agrees with every node's first child where it has one
+target = torch.where(fc >= 0, tree.token.gather(1, fc.clamp(min=0)), torch.full_like(tree.token, 49))
+assert rnd.tree_round(worker, bs)
+caps = request_budget.round_caps(reqs, rnd.budget)
+out["caps"] = caps
+pruned = prune_tree(tree, request_budget.caps_tensor(caps, "cpu"))
+walk = accept_walk(pruned, target, impl="torch")
+rnd.metrics.ensure(bs, rnd.budget)
+rnd.metrics.count(pruned, target, walk.accepted_nodes)
+GBR = compat.base_name("GenerationBatchResult")
+stride = block
+toks = torch.zeros(bs, stride, dtype=torch.int64)
+toks[:, : walk.accepted_tokens.shape[1]] = walk.accepted_tokens.clamp(min=0)
+tree_result = rnd.metrics.attach(GBR(next_token_ids=toks.view(-1), accept_lens=(walk.accept_len + 1).to(torch.int32),
+                                     speculative_num_draft_tokens=stride), caps)
+out["tree_accept"] = walk.accept_len.tolist()
+solo = []  # each request alone at its own budget: the same walk
+for i, c in enumerate(caps):
+    if c == 0:
+        solo.append(0)
+        continue
+    t = build_tree(lp[i:i + 1, :, :c].contiguous(), tok[i:i + 1, :, :c].contiguous(), torch.tensor([4 + i]), c,
+                   impl="torch")
+    solo.append(int(accept_walk(t, target[i:i + 1, : c + 1], impl="torch").accept_len[0]))
+out["solo_accept"] = solo
+# then a chain round (the schedule's 0 at this size): SGLang's own result, no record on it
+rnd.metrics.begin(bs, 0)
+chain_result = GBR(next_token_ids=torch.arange(bs * stride), accept_lens=torch.tensor([3, 1, 6], dtype=torch.int32),
+                   speculative_num_draft_tokens=stride)
+
+# 3) the scheduler's result processor reads the results (its real _resolve_spec_v2_tokens; the plugin's hook after it)
+sched = object.__new__(SchedulerBatchResultProcessor)  # a frozen dataclass of the scheduler's parts
+for name, value in {"model_worker": worker, "draft_worker": None,
+                    "metrics_collector": NS(labels={"model_name": "tiny", "tp_rank": 0}),  # SGLang's: its labels
+                    "metrics_reporter": NS(current_scheduler_metrics_enabled=True,  # 0.5.23 also snapshots its own
+                                           snapshot_spec_decode_metrics=lambda *a, **k: None)}.items():
+    object.__setattr__(sched, name, value)
+batch = NS(reqs=reqs, has_grammar=False, forward_mode=NS(is_decode=lambda: True, is_extend=lambda: False),
+           spec_algorithm=NS(is_dflash=lambda: True, is_none=lambda: False))
+out["rounds"] = []
+for res in (tree_result, chain_result):
+    tokens = sched._resolve_spec_v2_tokens(res, batch)
+    for req, t in zip(reqs, tokens):
+        req.output_ids.extend(t)  # what process_batch_result_decode does next
+    out["rounds"].append({"tokens": [len(t) for t in tokens],
+                          "aligned": [len((r.customized_info or {}).get(rtm.ROUND_KEY) or []) == len(r.output_ids)
+                                      for r in reqs]})
+out["entries"] = [[e for e in (r.customized_info or {}).get(rtm.ROUND_KEY) or [] if e is not None] for r in reqs]
+
+# 4) the tokenizer side: a finished request's meta_info (the tokens' accumulated values, as SGLang keeps them)
+tm = object.__new__(TokenizerManager)
+tm.server_args = NS(speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
+                    speculative_algorithm="DFLASH")
+tm_module = sys.modules[TokenizerManager.__module__]
+if hasattr(tm_module, "get_spec"):  # 0.5.19+ read the published arguments: these, as a server publishes them
+    tm_module.get_spec = lambda: tm.server_args
+metas = []
+for r in reqs:
+    meta = {rtm.ROUND_KEY: list((r.customized_info or {}).get(rtm.ROUND_KEY) or [])} if r.customized_info else {}
+    recv = NS(spec_verify_ct=[r.spec_verify_ct], spec_num_correct_drafts=[r.spec_num_correct_drafts],
+              completion_tokens=[len(r.output_ids)], spec_correct_drafts_histogram=[[]], spec_num_cap_tokens=None,
+              spec_num_block_accept_tokens=None, spec_cap_lens_histogram=None)
+    tm._calculate_spec_decoding_metrics(meta, recv, 0)
+    metas.append(meta)
+out["meta_info"] = metas
+
+# 5) /metrics: DDTree's families through prometheus_client, none of them a name SGLang itself defines
+from prometheus_client import REGISTRY, generate_latest
+scrape = generate_latest(REGISTRY).decode()
+acc = rtm.acceptance(scrape)
+out["scrape"] = {k: acc[k] for k in ("drafts", "draft_tokens", "accepted_tokens", "accepted_per_depth", "rounds",
+                                     "chain_rounds", "rank_observed", "rank_accepted")}
+out["labels"] = sorted({m.group(1) for m in re.finditer(r'sglang:ddtree_rounds_total\{([^}]*)\}', scrape)})
+srt = pathlib.Path(importlib.import_module("sglang.srt").__path__[0])
+theirs = set()
+for f in srt.rglob("*.py"):
+    if "ddtree" in f.parts[-2] or f.parts[-2].startswith("ddtree"):
+        continue
+    theirs |= set(re.findall(r'["\'](sglang:[A-Za-z0-9_:]+)["\']', f.read_text(errors="replace")))
+ours = {n for f in rtm.FAMILIES for n in (f.name, f.sample, f.name + "_bucket", f.name + "_sum")}
+out["sglang_names"] = len(theirs)
+out["clash"] = sorted(ours & theirs)
+out["sglang_spec_names"] = sorted(n for n in theirs if "spec" in n)
+
+# 6) the in-round code on meta tensors (a host read of a device value fails there), every op logged
+class OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+meta = lambda t: t.to("meta")
+mtree = type(tree)(**{f: (meta(getattr(tree, f)) if isinstance(getattr(tree, f), torch.Tensor) else getattr(tree, f))
+                      for f in ("token", "parent", "depth", "score", "first_child", "next_sibling", "num_nodes",
+                                "max_depth")})
+mrnd = DDTreeRound(server, block_size=block)
+try:
+    with OpLog() as log:
+        mrnd.metrics.begin(bs, budget)
+        mpruned = prune_tree(mtree, request_budget.caps_tensor(caps, "meta"))
+        mrnd.metrics.count(mpruned, meta(target), meta(walk.accepted_nodes))
+        mrnd.metrics.attach(NS(), caps)
+    out["meta_run"] = {"ok": True, "ops": sorted(set(log.ops)), "counts_device": str(mrnd.metrics.counts.device)}
+except Exception as e:
+    out["meta_run"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+print("RESULT" + json.dumps(out))
+'''
+
 # The commit with page size > 1 (spec-v2/round.py paged_kv_rows + the runtime's move_path_kv) on the base's real KV
 # pool, built on CPU: the accepted path's rows copied into the slots of their positions in every layer's K and V.
 PAGED_COMMIT_SCRIPT = r'''
@@ -455,8 +631,9 @@ got["hybrid"] = len(ddround.paged_kv_rows(NS(token_to_kv_pool=NS(full_kv_pool=po
 print("RESULT" + json.dumps(got))
 '''
 
-CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("plugin", PLUGIN_SCRIPT, ()), ("flashinfer", FLASHINFER_SCRIPT, ()),
-               ("verify_attention", VERIFY_ATTN_SCRIPT, ()), ("paged_commit", PAGED_COMMIT_SCRIPT, ()))
+CPU_SCRIPTS = (("probe", PROBE_SCRIPT, PROBE_MODULES), ("plugin", PLUGIN_SCRIPT, ()), ("metrics", METRICS_SCRIPT, ()),
+               ("flashinfer", FLASHINFER_SCRIPT, ()), ("verify_attention", VERIFY_ATTN_SCRIPT, ()),
+               ("paged_commit", PAGED_COMMIT_SCRIPT, ()))
 
 # The start-up refusals of tests/sglang_v2/test_hybrid_v2.py, through DDTreeRound.check_target on each base's real
 # classes: argv = (base, "hybrid" for a base whose series has the hybrid patch, else "plain").

@@ -15,7 +15,7 @@ from .kv_move import KVRows, move_path_kv
 from .mask import mask_numel, mask_offsets, write_verify_mask
 from .selftest import self_test
 from .topk import draft_topk, topk_logits_lse
-from .tree import build_tree
+from .tree import build_tree, prune_tree
 from .tree_attn import tree_verify_attention
 from .tree_chunk import (
     commit_tree_conv_layers,
@@ -69,6 +69,7 @@ __all__ = [
     "max_budget_for_bytes",
     "max_budget_for_memory",
     "path_first_slot_order",
+    "prune_tree",
     "per_node_record_bytes",
     "per_node_state_bytes",
     "record_width",

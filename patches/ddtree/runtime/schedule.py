@@ -186,6 +186,43 @@ def parse_schedule(text: str, *, source: str = "schedule") -> Schedule:
     return Schedule(entries)
 
 
+#: Where a request carries its own DDTree settings: the ``ddtree`` key of SGLang's ``custom_params`` (the sampling
+#: params of ``/generate``, or ``"custom_params"`` in an OpenAI request's extra body).
+REQUEST_KEY = "ddtree"
+
+
+def request_budget(custom_params: object, *, source: str = "custom_params") -> Optional[int]:
+    """The most a request lets a round spend on it: ``{"ddtree": {"budget": N}}`` -> N (0 to :data:`MAX_BUDGET`),
+    ``{"ddtree": {"speculative": false}}`` -> 0 (its tree cut to the root: one target token per round, as plain
+    decoding), no ``ddtree`` key or ``{"speculative": true}`` -> None (the server's budget). A round still runs at
+    the budget the schedule gives its batch: a request's budget only cuts its own tree (``prune_tree``). Anything
+    else is a :class:`ScheduleError` naming the field (``source`` starts the message)."""
+    if not isinstance(custom_params, Mapping) or custom_params.get(REQUEST_KEY) is None:
+        return None
+    where = f"{source}.{REQUEST_KEY}"
+    doc = custom_params[REQUEST_KEY]
+    if not isinstance(doc, Mapping):
+        raise ScheduleError(f'{where}: expected an object like {{"budget": 16}} or {{"speculative": false}}, got '
+                            f"{doc!r}")
+    unknown = sorted(set(doc) - {"budget", "speculative"})
+    if unknown:
+        raise ScheduleError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} (known: 'budget', "
+                            "'speculative')")
+    spec = doc.get("speculative", True)
+    if not isinstance(spec, bool):
+        raise ScheduleError(f"{where}.speculative: expected true or false, got {spec!r}")
+    budget = doc.get("budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or not 0 <= budget <= MAX_BUDGET):
+        raise ScheduleError(f"{where}.budget: expected an integer from 0 (no draft tokens) to {MAX_BUDGET}, got "
+                            f"{budget!r}")
+    if not spec:
+        if budget:
+            raise ScheduleError(f"{where}: speculative false contradicts budget {budget} (give one of them)")
+        return 0
+    return budget
+
+
 # -- the cost model -------------------------------------------------------------------------------------------------
 
 def _check_profile(accept_profile: Sequence[Sequence[float]]) -> list[list[float]]:

@@ -4,9 +4,14 @@ What differs from SGLang's triton extend kernel, which computes the same attenti
 :mod:`.tree_attn_ref`):
 
 * **Grouped heads in one tile.** A verify has few tokens per request (the tree's N1 = budget + 1), so one query
-  head's rows fill an eighth of a 128-row tile. Here a program takes the rows of all ``G = Hq / Hkv`` query heads
-  that read one KV head (row ``p`` = head ``p // N`` of the group, token ``p % N``), so each context tile is loaded
-  once per KV head instead of once per query head, and the tensor-core tiles are mostly real rows.
+  head's rows fill an eighth of a 128-row tile. Here a program takes the rows of ``HG`` of the ``G = Hq / Hkv`` query
+  heads that read one KV head (row ``r`` = head ``r // N`` of the program's ``HG``, token ``r % N``; as many heads as
+  fit, the rest in further row blocks), so each context tile is loaded once per KV head (per row block) instead of
+  once per query head, and the tensor-core tiles are mostly real rows.
+* **No register spills.** Tile sizes chosen by compiling for sm_90a and reading ptxas's report (no GPU needed):
+  128 x 32 tiles and 8 warps at head dim 128, 64 x 16 at 256; SGLang's extend kernel at the same shapes spills
+  348 bytes per thread (causal) and 976 (with a custom mask) at head dim 128, about 2.5 KB at 256
+  (``tests/runtime/test_tree_attn_compile.py``).
 * **The context split across programs** (flash-decoding): with few requests the grid would be a few programs each
   walking the whole context; ``splits`` programs per (request, KV head, row block) each take a slice and a second
   kernel merges their partial results by log-sum-exp. Chosen per batch size, so it is fixed inside a CUDA graph;
@@ -32,7 +37,7 @@ def _tree_attn_kernel(Q, K_ext, V_ext, K_buf, V_buf, O, O_part, L_part,
                       qo_indptr, kv_indptr, kv_indices, mask_ptr, mask_indptr, sm_scale,
                       s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_kbs, s_kbh, s_vbs, s_vbh, s_ot, s_oh,
                       s_ps, s_pt, s_ph, s_ls, s_lt,
-                      G: tl.constexpr, N: tl.constexpr, RB: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                      G: tl.constexpr, N: tl.constexpr, HG: tl.constexpr, RB: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     b = tl.program_id(0)
@@ -45,10 +50,11 @@ def _tree_attn_kernel(Q, K_ext, V_ext, K_buf, V_buf, O, O_part, L_part,
     kv_start = tl.load(kv_indptr + b).to(tl.int64)
     prefix = tl.load(kv_indptr + b + 1).to(tl.int64) - kv_start
 
-    p = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: (head in the group, token)
-    g = p // N
-    i = (p % N).to(tl.int64)
-    row_ok = (g < G) & (i < n_b)
+    r = tl.arange(0, BLOCK_M)  # rows: HG heads of the group (this row block's), N tokens each
+    hl = r // N
+    g = rb * HG + hl
+    i = (r % N).to(tl.int64)
+    row_ok = (hl < HG) & (g < G) & (i < n_b)
     head = kvh * G + g
     t = qo_start + i
     offs_d = tl.arange(0, BLOCK_D)
@@ -172,8 +178,10 @@ def plan(batch: int, q_heads: int, kv_heads: int, head_dim: int, max_len: int, d
     group = q_heads // kv_heads
     block_d = next_pow2(head_dim)
     block_m = ov.get("bm", min(next_pow2(group * max_len), 128 if block_d <= 128 else 64))
-    block_n = ov.get("bn", 64 if block_d <= 128 else 32)
-    row_blocks = -(-group * max_len // block_m)
+    block_m = max(block_m, next_pow2(max_len))  # a row block holds at least one head's tokens
+    block_n = ov.get("bn", 32 if block_d <= 128 else 16)
+    heads = min(group, block_m // max_len)  # query heads per row block (a program's rows: heads x tokens)
+    row_blocks = -(-group // heads)
     if splits is None:
         splits = ov.get("splits")
     if splits is None:
@@ -181,8 +189,8 @@ def plan(batch: int, q_heads: int, kv_heads: int, head_dim: int, max_len: int, d
             splits = max(1, min(16, (2 * _sm_count(device.index or 0)) // max(1, batch * kv_heads * row_blocks)))
         else:
             splits = 1
-    warps = ov.get("warps", 8 if block_m * block_d >= 128 * 128 else 4)
-    return dict(block_m=block_m, block_n=block_n, row_blocks=row_blocks, splits=int(splits), warps=warps,
+    warps = ov.get("warps", 8 if block_m * block_d >= 128 * 64 else 4)
+    return dict(block_m=block_m, block_n=block_n, heads=heads, row_blocks=row_blocks, splits=int(splits), warps=warps,
                 stages=ov.get("stages", 1), block_d=block_d)
 
 
@@ -213,7 +221,7 @@ def tree_verify_attention_triton(q: torch.Tensor, k_ext: torch.Tensor, v_ext: to
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), o.stride(0), o.stride(1),
         o_part.stride(0) if s > 1 else 0, o_part.stride(1) if s > 1 else 0, o_part.stride(2) if s > 1 else 0,
         l_part.stride(0) if s > 1 else 0, l_part.stride(1) if s > 1 else 0,
-        G=hq // hkv, N=int(max_len), RB=cfg["row_blocks"], D=dim, DV=dv, BLOCK_D=cfg["block_d"],
+        G=hq // hkv, N=int(max_len), HG=cfg["heads"], RB=cfg["row_blocks"], D=dim, DV=dv, BLOCK_D=cfg["block_d"],
         BLOCK_DV=next_pow2(dv), BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], SPLITS=s,
         num_warps=cfg["warps"], num_stages=cfg["stages"])
     if s > 1:

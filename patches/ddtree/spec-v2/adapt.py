@@ -77,6 +77,34 @@ def decide(start: Mapping[int, int], *, profile: Sequence[Sequence[float]], toke
     return out
 
 
+def rank_cells(tree: Any, target: torch.Tensor, accepted_nodes: torch.Tensor,
+               depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per tree node: its (depth, rank) cell ``(depth - 1) * RANKS + rank`` (flat, int64), whether it counts (its
+    parent is on the accepted path, rank < RANKS) and whether it hit (its token is the target's there), as int64
+    for ``index_add_``. A node's rank is the number of its earlier siblings (the best-first build numbers siblings in
+    descending draft probability). Sync-free: fixed shapes, elementwise ops and gathers only."""
+    bs, n1 = tree.parent.shape
+    dev = tree.parent.device
+    on_path = torch.zeros((bs, n1 + 1), dtype=torch.bool, device=dev)
+    nodes = accepted_nodes.to(torch.int64)
+    on_path.scatter_(1, torch.where(nodes >= 0, nodes, n1), True)
+    on_path = on_path[:, :n1]
+    parent = tree.parent.to(torch.int64)
+    has_parent = parent >= 0
+    p = parent.clamp(min=0)
+    idx = torch.arange(n1, device=dev)
+    valid = has_parent & (idx[None, :] < tree.num_nodes.to(torch.int64)[:, None])
+    parent_on = on_path.gather(1, p) & valid
+    hit = parent_on & (tree.token == target.to(torch.int64).gather(1, p))
+    same = (parent[:, :, None] == parent[:, None, :]) & valid[:, None, :]
+    earlier = idx[None, :] < idx[:, None]  # [j, i]: i before j
+    rank = (same & earlier[None]).sum(-1)
+    d = (tree.depth.to(torch.int64) - 1).clamp(0, depth - 1)
+    counted = parent_on & (rank < RANKS)
+    cell = (d * RANKS + rank.clamp(max=RANKS - 1)).view(-1)
+    return cell, counted.view(-1).to(torch.int64), (hit & counted).view(-1).to(torch.int64)
+
+
 class _HostEvent:
     """CPU stand-in for a CUDA event (the copy it follows was synchronous)."""
 
@@ -134,27 +162,10 @@ class Adaptation:
     def record(self, tree: Any, target: torch.Tensor, accepted_nodes: torch.Tensor, commit_lens: torch.Tensor,
                budget: int) -> None:
         """Count one tree round (see the module docstring); sync-free: fixed shapes, weighted index_add."""
-        bs, n1 = tree.parent.shape
-        dev = tree.parent.device
-        on_path = torch.zeros((bs, n1 + 1), dtype=torch.bool, device=dev)
-        nodes = accepted_nodes.to(torch.int64)
-        on_path.scatter_(1, torch.where(nodes >= 0, nodes, n1), True)
-        on_path = on_path[:, :n1]
-        parent = tree.parent.to(torch.int64)
-        has_parent = parent >= 0
-        p = parent.clamp(min=0)
-        idx = torch.arange(n1, device=dev)
-        valid = has_parent & (idx[None, :] < tree.num_nodes.to(torch.int64)[:, None])
-        parent_on = on_path.gather(1, p) & valid
-        hit = parent_on & (tree.token == target.to(torch.int64).gather(1, p))
-        same = (parent[:, :, None] == parent[:, None, :]) & valid[:, None, :]
-        earlier = idx[None, :] < idx[:, None]  # [j, i]: i before j
-        rank = (same & earlier[None]).sum(-1)
-        d = (tree.depth.to(torch.int64) - 1).clamp(0, self.depth - 1)
-        counted = parent_on & (rank < RANKS)
-        cell = (d * RANKS + rank.clamp(max=RANKS - 1)).view(-1)
-        self.obs.index_add_(0, cell, counted.view(-1).to(torch.int64))
-        self.hits.index_add_(0, cell, (hit & counted).view(-1).to(torch.int64))
+        bs = tree.parent.shape[0]
+        cell, counted, hit = rank_cells(tree, target, accepted_nodes, self.depth)
+        self.obs.index_add_(0, cell, counted)
+        self.hits.index_add_(0, cell, hit)
         if budget in self.requests:
             k = self.budgets.index(budget)
             self.tokens[k: k + 1] += commit_lens.to(torch.int64).sum().view(1)

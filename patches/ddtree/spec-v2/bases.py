@@ -37,7 +37,10 @@ class Base:
     patch 0004 (GatedDeltaNet hybrids through the runtime's tree kernels). ``flashinfer``: DDTree's verify input
     builds the base's FlashInfer verify arguments (checked on CPU against the base's own code); where not
     (0.5.22+: those arguments come through a KV-index translator and plan that DDTree's input is not checked
-    against), ``--attention-backend flashinfer`` is refused with DDTree.
+    against), ``--attention-backend flashinfer`` is refused with DDTree. ``meta_info``: a request's DDTree summary
+    reaches its ``meta_info`` (its round entries ride SGLang's per-token ``customized_info``, which the output
+    streamer aligns per request from 0.5.15; 0.5.14's appends only the requests that have the key, so one batch
+    output mixing requests with and without it would misplace them: there only the server-wide ``/metrics``).
     """
 
     draft_width: str
@@ -46,6 +49,7 @@ class Base:
     schedule: bool
     hybrid: bool
     flashinfer: bool
+    meta_info: bool
 
 
 #: The values a word-valued trait takes (every other trait is true / false).

@@ -51,6 +51,9 @@ def handle_dflash(original: Any, server_args: Any, *args: Any, **kwargs: Any) ->
     budget = config.pre_resolve(server_args)
     if budget is not None:
         require_applied("server-argument resolution")
+        from .request_budget import mark_enabled
+
+        mark_enabled()  # requests carrying their own budget are checked in this process (check_request_budget)
     result = original(server_args, *args, **kwargs)
     if budget is not None:
         row = BASES.get(config.base_version())
@@ -103,3 +106,30 @@ def gdn_forward_extend(original: Any, self: Any, layer: Any, forward_batch: Any,
         if not (hip and mixed_qkv.shape[0] == 0):
             return tree.forward(self, layer, forward_batch, mixed_qkv, a, b)
     return original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+
+
+# -- metrics and per-request budgets (metrics.py, request_budget.py) -----------------------------------------------
+def resolved_tokens(tokens: Any, self: Any, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """after ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens``: SGLang has waited for the round and holds its
+    accept lengths on the host; each request's round entry and the server-wide counters from them
+    (``metrics.on_resolved``). Nothing without a DDTree worker."""
+    from .metrics import on_resolved
+
+    on_resolved(self, result, batch, tokens)
+
+
+def request_meta_info(result: Any, self: Any, meta_info: Any, *args: Any, **kwargs: Any) -> None:
+    """after ``TokenizerManager._calculate_spec_decoding_metrics`` (a finished request): its DDTree summary in
+    ``meta_info`` beside SGLang's spec_* fields (``metrics.finish_meta_info``); nothing where no round entry came."""
+    if isinstance(meta_info, dict) and "ddtree_round" in meta_info:
+        from .metrics import finish_meta_info
+
+        finish_meta_info(self, meta_info)
+
+
+def check_request_budget(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """after ``SamplingParams.verify``: a malformed ``custom_params.ddtree`` is refused as a bad request, on a server
+    that runs DDTree (``request_budget.check_request``)."""
+    from .request_budget import check_request
+
+    check_request(self)

@@ -35,6 +35,8 @@ from .config import UNPROVEN_FLAG, adapt_on, enabled, max_verify_width, resolved
 from .draft_schedule import ScheduledDraftHead, chain_head
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
 from .graph_widths import pad_to_captured
+from .metrics import RoundMetrics
+from .request_budget import caps_tensor, round_caps
 from .sampling import target_tokens_per_node
 from .verify_input import DDTreeVerifyInput
 from .verify_attention import choice as verify_attention_choice, install as install_verify_attention
@@ -103,6 +105,9 @@ class DDTreeRound:
         self._capture_bs: Optional[list[int]] = None
         self.rounds = 0
         self.chain_rounds = 0
+        # acceptance metrics (meta_info, /metrics with SGLang's --enable-metrics): .metrics
+        self.metrics = RoundMetrics(block_size=self.block,
+                                    export=bool(getattr(resolved(server_args), "enable_metrics", False)))
 
     @classmethod
     def for_worker(cls, server_args: Any, *, block_size: int) -> Optional["DDTreeRound"]:
@@ -233,6 +238,7 @@ class DDTreeRound:
         """Pick this round's budget from the padded (captured) batch size, before anything is built: True for a
         tree round; False = budget 0, the stock chain round runs (its draft head, causal verify and commit)."""
         if self.schedule.is_single and not self.adapt_on:
+            self.metrics.begin(bs, self.budget)
             return True
         sizes = self.capture_sizes(worker)
         padded = pad_to_captured(bs, sizes)
@@ -246,6 +252,7 @@ class DDTreeRound:
         self.budget, self.n1 = budget, budget + 1
         if budget == 0:
             self.chain_rounds += 1
+        self.metrics.begin(bs, budget)
         return budget > 0
 
     def _eager_builder(self, *, lm_head: Any, vocab_size: int, tp_group: Any, device: Any) -> DraftTreeBuilder:
@@ -380,7 +387,13 @@ class DDTreeRound:
 
         # 4) walk
         target = target_tokens_per_node(logits, sampling_info, bs, n1)
+        self.metrics.ensure(bs, self.budget)
+        caps = round_caps(getattr(batch, "reqs", None), self.budget)
+        caps = caps if caps is not None and len(caps) == bs else None
+        if caps is not None:  # requests that asked for less than the round: their trees cut (.request_budget)
+            tree = rt.prune_tree(tree, caps_tensor(caps, device))
         walk = rt.accept_walk(tree, target)
+        self.metrics.count(tree, target, walk.accepted_nodes)
         commit_lens = (walk.accept_len + 1).to(torch.int32)
         if self.adapt is not None:
             self.adapt.record(tree, target, walk.accepted_nodes, commit_lens, self.budget)
@@ -420,7 +433,7 @@ class DDTreeRound:
 
         next_draft_input = next_draft_input_decode(worker, draft_input=draft_input, bonus_tokens=bonus,
                                                    new_seq_lens=new_seq_lens)
-        return base_name("GenerationBatchResult")(
+        return self.metrics.attach(base_name("GenerationBatchResult")(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=commit_lens,
@@ -428,4 +441,4 @@ class DDTreeRound:
             next_draft_input=next_draft_input,
             speculative_num_draft_tokens=block,
             new_seq_lens=new_seq_lens,
-        )
+        ), caps)

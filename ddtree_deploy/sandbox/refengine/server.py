@@ -9,6 +9,7 @@ each step advances every running request by one round at the budget the DDTree s
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import secrets
@@ -34,8 +35,22 @@ class BadRequest(ValueError):
     """A client error: answered with HTTP 400 and the message, never a traceback."""
 
 
-def parse_generate(body: dict[str, Any]) -> tuple[list[int], SamplingParams, int]:
-    """Validate a /generate body; returns (input_ids, sampling params, seed)."""
+def runtime_part(engine: Engine | None, name: str) -> Any:
+    """A module of the engine's DDTree runtime (``schedule``, ``metrics``), or None (plain decoding, or a runtime
+    older than that module)."""
+    rt = getattr(engine, "runtime", None)
+    if rt is None:
+        return None
+    try:
+        return importlib.import_module(f"{rt.__name__}.{name}")
+    except ImportError:
+        return None
+
+
+def parse_generate(body: dict[str, Any], schedule: Any = None) -> tuple[list[int], SamplingParams, int]:
+    """Validate a /generate body; returns (input_ids, sampling params, seed). ``schedule``: the runtime's schedule
+    module, which reads a request's own budget (``sampling_params.custom_params.ddtree``, as SGLang carries it);
+    without it (plain decoding) the key is ignored, as SGLang without DDTree ignores it."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     text, ids = body.get("text"), body.get("input_ids")
@@ -73,7 +88,13 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[int], SamplingParams, int
         seed = secrets.randbits(63)
     elif not isinstance(seed, int) or isinstance(seed, bool):
         raise BadRequest("'seed' must be an integer")
-    return input_ids, SamplingParams(max_new, temperature, tuple(dict.fromkeys(stops))), seed
+    budget = None
+    if schedule is not None and hasattr(schedule, "request_budget"):
+        try:
+            budget = schedule.request_budget(sp.get("custom_params"), source="sampling_params.custom_params")
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    return input_ids, SamplingParams(max_new, temperature, tuple(dict.fromkeys(stops)), budget), seed
 
 
 @dataclass
@@ -105,6 +126,10 @@ class Batcher:
         self.waiting: deque[_Job] = deque()
         self.running: list[_Job] = []
         self.steps = 0
+        metrics = runtime_part(engine, "metrics")
+        # the server-wide counters /metrics shows (the runtime's metrics.Totals), under their own lock
+        self.totals = metrics.Totals() if metrics is not None else None
+        self.totals_lock = threading.Lock()
         threading.Thread(target=self._loop, name="batcher", daemon=True).start()
 
     def submit(self, input_ids: list[int], params: SamplingParams, seed: int) -> GenerationResult:
@@ -140,16 +165,26 @@ class Batcher:
             if live:
                 bs = len(live)
                 budget = self.budget_for(bs) if self.engine.algorithm != "NONE" else None
+                t0 = time.perf_counter()
+                entries = []
                 for job in live:
                     try:
+                        before = job.req.result.verify_rounds
                         self.engine.step(job.req, budget)
+                        if job.req.result.verify_rounds > before:
+                            entries.append(job.req.result.round_entries[-1])
                     except BaseException as exc:
                         log.exception("decoding step failed")
                         job.error = exc
-                wait = self.step_ms / 1e3 + self.cost_us * bs * self.engine.round_width(budget) / 1e6
+                width = self.engine.round_width(budget)
+                wait = self.step_ms / 1e3 + self.cost_us * bs * width / 1e6
                 if wait > 0:
                     time.sleep(wait)
                 self.steps += 1
+                if self.totals is not None and entries:
+                    with self.totals_lock:
+                        self.totals.add_round(width, self.engine.algorithm == "DFLASH" or budget == 0, entries)
+                        self.totals.observe_round(width, time.perf_counter() - t0)
             for job in [j for j in self.running if j.error is not None or j.req.done]:
                 self.running.remove(job)
                 job.done.set()
@@ -165,6 +200,8 @@ class EngineServer(ThreadingHTTPServer):
         self.info = info
         self.engine: Engine | None = None
         self.batcher: Batcher | None = None
+        self.metrics: Any = None  # the runtime's metrics and schedule modules (set_ready)
+        self.schedule: Any = None
         self.lock = threading.Lock()  # the counters below
         # the counters SGLang's scheduler keeps for /get_server_info's internal_states
         self.spec_accept_tokens = 0
@@ -185,10 +222,25 @@ class EngineServer(ThreadingHTTPServer):
 
     def set_ready(self, engine: Engine, batcher: Batcher | None = None) -> None:
         self.batcher = batcher or Batcher(engine, lambda bs: engine.budget)
+        self.metrics = runtime_part(engine, "metrics")
+        self.schedule = runtime_part(engine, "schedule")
         self.engine = engine
 
+    def metrics_text(self) -> str:
+        """``/metrics``: the runtime's DDTree families (its ``metrics.FAMILIES``), as the patch set adds them to
+        SGLang's, with the per-(depth, rank) counts from the engine's acceptance counters (every rank is observed
+        where a path reached a depth: the engine ranks the target's token among all the drafter's candidates)."""
+        if self.metrics is None or self.batcher is None or self.batcher.totals is None:
+            return ""
+        with self.batcher.totals_lock:
+            stats = self.engine.stats
+            if stats is not None:
+                self.batcher.totals.set_ranks([[n] * stats.ranks for n in stats.reached], stats.hits)
+            samples = self.batcher.totals.samples()
+        return self.metrics.render(samples, {"model_name": str(self.info.get("model_path"))})
+
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
-        input_ids, params, seed = parse_generate(body)
+        input_ids, params, seed = parse_generate(body, self.schedule)
         if self.engine is None:
             raise RuntimeError("engine not ready")
         res = self.batcher.submit(input_ids, params, seed)
@@ -214,6 +266,8 @@ class EngineServer(ThreadingHTTPServer):
                 "spec_verify_ct": res.verify_rounds,
                 "finish_reason": res.finish_reason,
                 "e2e_latency": res.seconds,
+                **(self.metrics.request_summary(res.round_entries, self.engine.block_size - 1)
+                   if self.metrics is not None else {}),
             },
         }
 
@@ -234,6 +288,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         path = self.path.split("?", 1)[0]
         if path in ("/health", "/health_generate"):
@@ -242,6 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, self.server.server_info())
         elif path == "/get_model_info":
             self._send(200, {"model_path": self.server.info.get("model_path"), "is_generation": True})
+        elif path == "/metrics":
+            self._send_text(200, self.server.metrics_text() if self.server.engine is not None else "")
         else:
             self._send(404, {"error": {"message": f"no route {path}"}})
 

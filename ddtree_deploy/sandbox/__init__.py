@@ -27,9 +27,9 @@ from typing import Callable
 import tenacity
 import yaml
 
-from . import paths
-from .errors import OperationFailed
-from .wheels import fetch_wheel
+from .. import paths
+from ..errors import OperationFailed
+from ..wheels import fetch_wheel
 
 MOUNT_POINT = "/srv/ddtree-host"
 SSHD = "/usr/sbin/sshd"

@@ -60,6 +60,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="emulated verify cost: wait this many µs per verified token of the batch each step (a GPU's "
                    "verify is compute-bound at batch > 1; 0 = off)")
     p.add_argument("--block-size", "--speculative-num-draft-tokens", type=int, default=8, dest="block_size")
+    p.add_argument("--enable-metrics", action="store_true",
+                   help="SGLang's switch for /metrics, accepted as SGLang spells it: the engine always serves "
+                   "/metrics (the DDTree families of its runtime's metrics.py)")
     p.add_argument("--seed", type=int, default=0, help="model weights seed")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--load-delay", type=float, default=0.0,

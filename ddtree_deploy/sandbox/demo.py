@@ -29,10 +29,10 @@ from typing import Callable
 
 from rich.table import Table
 
-from .console import out
+from ..console import out
 
 BASE, DRIFT = "sandbox-base", "sandbox-drift"
-BROKEN = Path(__file__).resolve().parent.parent / "tests" / "patchsets" / "broken-runtime" / "sglang-0.5.11"
+BROKEN = Path(__file__).resolve().parents[2] / "tests" / "patchsets" / "broken-runtime" / "sglang-0.5.11"
 
 
 @dataclass

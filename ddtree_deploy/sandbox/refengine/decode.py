@@ -29,6 +29,7 @@ class SamplingParams:
     max_new_tokens: int = 32
     temperature: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
+    budget: int | None = None  # the request's own DDTree budget (``custom_params.ddtree``; 0 = none), None: the server's
 
 
 @dataclass
@@ -38,6 +39,7 @@ class GenerationResult:
     prompt_tokens: int
     verify_rounds: int = 0
     round_commits: list[int] = field(default_factory=list)  # tokens each round put into the output
+    round_entries: list[list[int]] = field(default_factory=list)  # per round [budget, accepted, drafted, chain]
     seconds: float = 0.0
 
     @property
@@ -224,8 +226,9 @@ class Engine:
             req.root = sample_ar(logits[-1], req.params.temperature, req.gen)
             req.out.extend([req.root])
         else:
-            tokens, req.ctx_token, req.ctx_hidden = self._round(req.cache, req.root, req.ctx_token, req.ctx_hidden,
-                                                                req.params, req.gen, budget)
+            tokens, req.ctx_token, req.ctx_hidden, entry = self._round(req.cache, req.root, req.ctx_token,
+                                                                       req.ctx_hidden, req.params, req.gen, budget)
+            req.result.round_entries.append(entry)
             req.result.verify_rounds += 1
             req.result.round_commits.append(req.out.extend(tokens))
             req.root = tokens[-1]
@@ -246,23 +249,32 @@ class Engine:
         params: SamplingParams,
         gen: torch.Generator,
         budget: int | None = None,
-    ) -> tuple[list[int], int, torch.Tensor]:
-        """One draft -> tree -> verify -> walk -> compaction round; returns committed tokens and the new context feature."""
+    ) -> tuple[list[int], int, torch.Tensor, list[int]]:
+        """One draft -> tree -> verify -> walk -> compaction round; returns committed tokens, the new context feature
+        and the round's entry ``[budget, accepted, drafted, chain]`` (the runtime's ``metrics.round_entry``).
+
+        A request's own budget (``params.budget``) below the round's cuts its tree to its best nodes after the verify
+        (the runtime's ``prune_tree``, as the SGLang patch set does): what a round at that budget commits, 0 = the
+        root alone. A chain round is the chain whatever the request asked (as SGLang's own chain code runs it)."""
         rt = self.runtime
         draft_logits = self.drafter.draft(root, cache.length, ctx_token, ctx_hidden)[None]  # [1, L, V]
         vocab = draft_logits.shape[-1]
         budget = self.budget if budget is None else int(budget)
-        if self.algorithm == "DFLASH" or budget == 0:
+        chain = self.algorithm == "DFLASH" or budget == 0
+        if chain:
             k, budget = 1, self.drafter.depths  # one candidate per depth: the top-1 chain
         else:
             k = min(budget, vocab)
         lp, tok = rt.draft_topk(draft_logits, k, impl="auto")
         tree = rt.build_tree(lp, tok, torch.tensor([root], dtype=torch.long), budget, impl="auto")
+        own = budget if chain or params.budget is None else min(int(params.budget), budget)
         committed = torch.tensor([cache.length], dtype=torch.long)
         vin = rt.build_verify_inputs(tree, committed, impl="auto")
         n1 = tree.token.shape[1]
         logits, hidden = self.target.forward(tree.token[0], vin.positions[0], cache, vin.mask[0])
         target_tokens = rt.sample_target_tokens(logits[None], float(params.temperature), generator=gen, impl="auto")
+        if own < budget:
+            tree = rt.prune_tree(tree, torch.tensor([own]))
         walk = rt.accept_walk(tree, target_tokens, impl="auto")
         slots = (cache.length + torch.arange(n1, dtype=torch.long))[None]
         src, dst = rt.kv_compaction(walk, slots, impl="auto")
@@ -274,4 +286,5 @@ class Engine:
         tokens = [int(t) for t in walk.accepted_tokens[0, : accepted + 1]]
         if self.stats is not None:
             self.stats.record(draft_logits[0], tokens)
-        return tokens, int(tree.token[0, last_node]), hidden[last_node]
+        entry = [0 if chain else own, accepted, budget if chain else own, int(chain)]
+        return tokens, int(tree.token[0, last_node]), hidden[last_node], entry
