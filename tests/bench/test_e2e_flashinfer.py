@@ -149,3 +149,35 @@ def test_jit_times_reads_the_cache(tmp_path: Path):
     assert lines[0].startswith("  not built") and lines[0].endswith("batch_prefill_x")
     assert lines[1].split()[:2] == ["42.5", "s"] and lines[1].endswith("0.6.15.post1/90a  cascade")
     assert lines[-1] == "2 modules, 42.5 s of JIT builds (one after another when they did not overlap)"
+
+
+def test_fi_env_supplies_what_the_toolkit_lacks(tmp_path: Path):
+    """bench/e2e/fi_env.sh under gpu_run.sh's `set -u`, with a toolkit that has nvcc and headers but neither an
+    unversioned libcuda.so nor cuRAND's headers, and a driver library only on LD_LIBRARY_PATH."""
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    (cuda / "include").mkdir()
+    (cuda / "include" / "cuda_runtime.h").write_text("")
+    (cuda / "lib64").mkdir()
+    (cuda / "lib64" / "libcudart.so").write_text("")
+    driver_dir = tmp_path / "driver"
+    driver_dir.mkdir()
+    (driver_dir / "libcuda.so.1").write_text("")
+    ws = tmp_path / "ws"
+    script = ('set -u; . bench/e2e/fi_env.sh > "$WS.log"; '
+              'echo "$CUDA_HOME|$FLASHINFER_WORKSPACE_BASE|$FLASHINFER_NO_DOWNLOAD|$FLASHINFER_CUBIN_DIR|'
+              '$FLASHINFER_EXTRA_LDFLAGS|$FLASHINFER_EXTRA_CUDAFLAGS"')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER_", "CUDA_HOME"))}
+    env.update(PATH=f"{cuda / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
+               LD_LIBRARY_PATH=str(driver_dir), FLASHINFER_WORKSPACE_BASE=str(ws), WS=str(tmp_path / "fi_env"))
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    home, base, no_dl, cubins, ld, cuda_flags = r.stdout.strip().split("|")
+    assert (home, base, no_dl, cubins) == (str(cuda), str(ws), "1", str(ws / "cubins"))
+    assert ld == f"-L{ws / 'ld'}" and os.readlink(ws / "ld" / "libcuda.so") == str(driver_dir / "libcuda.so.1")
+    assert not (ws / "ld" / "libcudart.so").exists()  # the toolkit has it
+    assert cuda_flags == f"-isystem {ws / 'include'}"  # cuRAND headers: the nvidia wheel's, where there are any
+    log = (tmp_path / "fi_env.log").read_text()
+    assert log.startswith(f"flashinfer JIT: CUDA_HOME={cuda} (Cuda compilation tools, release 13.0, V13.0.88)")
