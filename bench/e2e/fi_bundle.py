@@ -8,8 +8,11 @@
                                                     WORKSPACE_BASE/.cache/flashinfer (gpu_run.sh: FLASHINFER_WORKSPACE_BASE),
                                                     with the seconds from each one's ninja file to its library
 
-- **flashinfer** (`flashinfer_python`): every Python module is kept (what `import flashinfer` and SGLang's FlashInfer
-  backend load, checked on CPU, and what they import lazily). Of `flashinfer/data/` (the JIT's sources and headers:
+- **flashinfer** (`flashinfer_python`): its Python modules stay (what `import flashinfer` and SGLang's FlashInfer
+  backend load, checked on CPU, and what they import lazily) except those that can never import here: a module whose
+  own top level imports the CuTe DSL (`cutlass`, from nvidia-cutlass-dsl) or cuTile (`cuda.tile`), neither of
+  which the bundle or the image has, and every module below a package whose `__init__.py` does (every `__init__.py`
+  stays, so importing such a package still fails as it did, with ModuleNotFoundError). Of `flashinfer/data/` (the JIT's sources and headers:
   `csrc/`, `include/`, `cutlass/`, `cccl/`, `spdlog/`) stay the vendored CCCL's header trees whole
   (:data:`FI_WHOLE`: the JIT puts them on the include path ahead of the CUDA toolkit's own CCCL, so the toolkit's
   headers include them too, which no closure over the wheel's files sees; a partial copy mixes two CCCL versions and
@@ -32,6 +35,7 @@
 """
 from __future__ import annotations
 
+import ast
 import fnmatch
 import glob
 import posixpath
@@ -94,9 +98,30 @@ def flashinfer_keep(wheel: zipfile.ZipFile) -> list[str]:
         raise SystemExit(f"fi_bundle: no file in the wheel's data/ matches {missing}: the JIT's sources moved")
     data = {names[r] for r in include_closure(names, wheel.read, roots)}
     data |= {n for r, n in names.items() if r.startswith(FI_WHOLE)}
-    # the Python package whole; the wheel's top-level build scripts (build_backend.py, build_utils.py) are not it
+    # the Python package less what cannot import without the CuTe DSL / cuTile; the wheel's top-level build scripts
+    # (build_backend.py, build_utils.py) are not part of it
     code = {n for n in wheel.namelist() if n.startswith("flashinfer/") and not n.startswith(FI_DATA)}
-    return sorted(code | data)
+    dead = {n for n in code if n.endswith(".py") and _needs_missing_dsl(wheel.read(n))}
+    dead_pkgs = tuple(n[: -len("__init__.py")] for n in dead if n.endswith("/__init__.py"))
+    drop = {n for n in code if not n.endswith("/__init__.py") and (n in dead or n.startswith(dead_pkgs))}
+    return sorted((code - drop) | data)
+
+
+#: Top-level packages that neither the bundle nor the GPU image has (nvidia-cutlass-dsl's CuTe DSL, cuda-tile).
+_MISSING_DSLS = ("cutlass", "cuda.tile")
+
+
+def _needs_missing_dsl(source: bytes) -> bool:
+    """Does the module's own top level (not inside try, if or a function) import one of :data:`_MISSING_DSLS`?"""
+    def missing(name: str) -> bool:
+        return any(name == m or name.startswith(m + ".") for m in _MISSING_DSLS)
+
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import) and any(missing(a.name) for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and missing(node.module):
+            return True
+    return False
 
 
 def transformers_keep(wheel: zipfile.ZipFile) -> list[str]:

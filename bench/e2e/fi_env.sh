@@ -17,14 +17,16 @@ if [ -z "${CUDA_HOME:-}" ]; then
   done
 fi
 FL=$FLASHINFER_WORKSPACE_BASE/ld; mkdir -p "$FL" "$FLASHINFER_CUBIN_DIR"
-ls "${CUDA_HOME:-/none}"/lib64/libcudart.so "${CUDA_HOME:-/none}"/lib64/stubs/libcudart.so > /dev/null 2>&1 \
-  || ln -sf "$(python3 -c 'import glob, nvidia.cuda_runtime as m; print(sorted(glob.glob(m.__path__[0] + "/lib/libcudart.so.*"))[0])' 2>/dev/null)" "$FL/libcudart.so"
+if ! ls "${CUDA_HOME:-/none}"/lib64/libcudart.so "${CUDA_HOME:-/none}"/lib64/stubs/libcudart.so > /dev/null 2>&1; then
+  RT=$(python3 -c 'import glob, nvidia.cuda_runtime as m; print(sorted(glob.glob(m.__path__[0] + "/lib/libcudart.so.*"))[0])' 2>/dev/null || true)
+  if [ -n "$RT" ]; then ln -sf "$RT" "$FL/libcudart.so"; fi
+fi
 if ! ls "${CUDA_HOME:-/none}"/lib64/libcuda.so "${CUDA_HOME:-/none}"/lib64/stubs/libcuda.so > /dev/null 2>&1; then
   CU=$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')
   LDP=${LD_LIBRARY_PATH:-}; for d in ${LDP//:/ } /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
     [ -z "$CU" ] && [ -e "$d/libcuda.so.1" ] && CU=$d/libcuda.so.1
   done
-  ln -sf "$CU" "$FL/libcuda.so"
+  if [ -n "$CU" ]; then ln -sf "$CU" "$FL/libcuda.so"; fi
 fi
 export FLASHINFER_EXTRA_LDFLAGS="-L$FL${FLASHINFER_EXTRA_LDFLAGS:+ $FLASHINFER_EXTRA_LDFLAGS}"
 # the fa3 (Hopper) prefill includes CUTLASS's tensor_fill.h, which includes curand_kernel.h: where the toolkit has
@@ -35,4 +37,4 @@ if [ ! -f "${CUDA_HOME:-/none}/include/curand_kernel.h" ]; then
     | while read -r f; do ln -sf "$f" "$FI_INC/"; done
   export FLASHINFER_EXTRA_CUDAFLAGS="-isystem $FI_INC${FLASHINFER_EXTRA_CUDAFLAGS:+ $FLASHINFER_EXTRA_CUDAFLAGS}"
 fi
-echo "flashinfer JIT: CUDA_HOME=${CUDA_HOME:-unset} ($("${CUDA_HOME:-/none}"/bin/nvcc --version 2>&1 | tail -1)), cache $FLASHINFER_WORKSPACE_BASE, linked through $FL: $(ls -l "$FL" | awk 'NR>1{print $9, $11}' | tr '\n' ' ')${FI_INC:+; cuRAND headers from $(readlink "$FI_INC/curand_kernel.h")}" | tee -a "${OUT:-/dev/null}/setup.log" 2>/dev/null || true
+echo "flashinfer JIT: CUDA_HOME=${CUDA_HOME:-unset} ($("${CUDA_HOME:-/none}"/bin/nvcc --version 2>&1 | grep -o 'release [^,]*, V[0-9.]*' || echo 'no nvcc')), cache $FLASHINFER_WORKSPACE_BASE, linked through $FL: $(ls -l "$FL" | awk 'NR>1{print $9, $11}' | tr '\n' ' ')${FI_INC:+; cuRAND headers from $(readlink "$FI_INC/curand_kernel.h")}" | tee -a "${OUT:-/dev/null}/setup.log" 2>/dev/null || true

@@ -3,7 +3,8 @@
 # Usage (repo root): bash bench/e2e/mk_bundle_flashinfer.sh [SHARED_0517_BUNDLE]   (default ../shared/gpu-e2e-0.5.17)
 #   -> .e2e17fi/ (ignored; E2E_FI_DEST names another folder): the 0.5.17 bundle's wheels, with
 #      - flashinfer_python at the version sglang 0.5.17 pins (read from its METADATA), from the package registry, its
-#        data/ cut to the #include closure of the JIT sources on the FlashInfer backend's path (bench/e2e/fi_bundle.py);
+#        data/ cut to the #include closure of the JIT sources on the FlashInfer backend's path and the CCCL headers,
+#        without the modules that cannot import without the CuTe DSL or cuTile (bench/e2e/fi_bundle.py);
 #      - transformers 5.12.1 (the pin) without the per-model code no import on this path reaches (fi_bundle.py);
 #      - apache_tvm_ffi without the libbacktrace sources it was built from (fi_bundle.py);
 #      - soundfile (with cffi, pycparser) replaced by a shim: imported at module level, used only for audio;

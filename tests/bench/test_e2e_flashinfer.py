@@ -111,6 +111,12 @@ def test_flashinfer_keeps_its_code_the_include_closure_and_the_cccl_headers(tmp_
              d + "cccl/libcudacxx/include/cuda/std/__type_traits/aligned_union.h": "",  # whole: the toolkit's use it
              d + "cccl/cub/cub/cub.cuh": "", d + "cccl/benchmarks/run.py": "",
              "flashinfer/__init__.py": "", "flashinfer/cute_dsl/gemm.py": "", "build_backend.py": "",
+             # can never import without the CuTe DSL / cuTile: dropped, but every __init__.py stays
+             "flashinfer/cute_dsl/fmha.py": "import torch\nimport cutlass.cute as cute\n",
+             "flashinfer/gemm/tile.py": "from cuda.tile import kernel\n",
+             "flashinfer/dsl_pkg/__init__.py": "import cutlass\n", "flashinfer/dsl_pkg/inner.py": "x = 1\n",
+             "flashinfer/guarded.py": "try:\n    import cutlass\nexcept ImportError:\n    cutlass = None\n",
+             "flashinfer/lazy.py": "def f():\n    import cutlass\n", "flashinfer/bindings.py": "import cuda.bindings\n",
              "flashinfer_python-0.0.dist-info/METADATA": ""}
     kept = set(fi_bundle.flashinfer_keep(_wheel(tmp_path / "fi.whl", files)))
     for n in ("include/flashinfer/attention/prefill.cuh", "include/flashinfer/utils.cuh", "cutlass/include/cute/tensor.hpp",
@@ -120,7 +126,10 @@ def test_flashinfer_keeps_its_code_the_include_closure_and_the_cccl_headers(tmp_
     for n in ("cutlass/include/cute/unused.hpp", "cutlass/examples/00_basic/main.cu", "csrc/fused_moe/moe.cu",
               "cccl/benchmarks/run.py"):
         assert d + n not in kept, n
-    assert {"flashinfer/__init__.py", "flashinfer/cute_dsl/gemm.py"} <= kept and "build_backend.py" not in kept
+    assert {"flashinfer/__init__.py", "flashinfer/cute_dsl/gemm.py", "flashinfer/dsl_pkg/__init__.py",
+            "flashinfer/guarded.py", "flashinfer/lazy.py", "flashinfer/bindings.py"} <= kept
+    assert not {"build_backend.py", "flashinfer/cute_dsl/fmha.py", "flashinfer/gemm/tile.py",
+                "flashinfer/dsl_pkg/inner.py"} & kept
     with pytest.raises(SystemExit, match="JIT's sources moved"):
         fi_bundle.flashinfer_keep(_wheel(tmp_path / "moved.whl", {"flashinfer/__init__.py": ""}))
 
@@ -180,4 +189,4 @@ def test_fi_env_supplies_what_the_toolkit_lacks(tmp_path: Path):
     assert not (ws / "ld" / "libcudart.so").exists()  # the toolkit has it
     assert cuda_flags == f"-isystem {ws / 'include'}"  # cuRAND headers: the nvidia wheel's, where there are any
     log = (tmp_path / "fi_env.log").read_text()
-    assert log.startswith(f"flashinfer JIT: CUDA_HOME={cuda} (Cuda compilation tools, release 13.0, V13.0.88)")
+    assert log.startswith(f"flashinfer JIT: CUDA_HOME={cuda} (release 13.0, V13.0.88)")
