@@ -45,6 +45,11 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
   -sync     DDTREE_SYNC_CHECK=1: every host-synchronising CUDA call of a DDTree round logged with its source line
   -metrics  --enable-metrics: DDTree's /metrics counters, round timing and per-(depth, rank) counts run every round
             (spec-v2/metrics.py; with -sync: the round's synchronising calls are those of the same config without it)
+  -fi       (0.5.17+) --attention-backend flashinfer for the target and the DFlash drafter (what a server given only
+            --attention-backend flashinfer runs); ddtree configurations add --speculative-ddtree-allow-unproven while
+            the backends table (patches/ddtree/spec-v2/backends.py) has FlashInfer wired but unproven. Needs the real
+            FlashInfer: the .e2e17fi bundle (E2E_BUNDLE=.e2e17fi, bench/e2e/mk_bundle_flashinfer.sh)
+  -fiv      as -fi for the target only; the drafter stays on triton (FlashInfer in the verify alone)
   -pN       pass N of a configuration measured more than once in a lease (interleaved with the others; the
             report merges the passes' speed runs and shows each pass's median)
   -stock    SGLang as installed: the DDTree overlay left off the path (with DDTree off, the patched engine must equal
@@ -59,6 +64,7 @@ requests of E2E_SAMPLE_TOKENS tokens at T = E2E_SAMPLE_T (two sets of 16 per gen
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -105,6 +111,31 @@ PROF_BATCHES = tuple(int(b) for b in os.environ.get("E2E_PROF_BATCHES", "1,16").
 PROF_TOKENS = int(os.environ.get("E2E_PROF_TOKENS", "32"))
 
 
+#: Configuration suffix -> (target attention backend, DFlash drafter attention backend); without one both are triton.
+ATTENTION_SUFFIXES = {"fi": ("flashinfer", "flashinfer"), "fiv": ("flashinfer", "triton")}
+#: The backends table of the spec-v2 patch set (pure data, read by path like the tests do): which backends DDTree
+#: runs only with --speculative-ddtree-allow-unproven.
+BACKENDS_TABLE = ROOT / "patches" / "ddtree" / "spec-v2" / "backends.py"
+
+
+def attention_suffix(cfg: dict) -> str:
+    """The configuration's attention suffix ("-fi", "-fiv"), "" for triton: the name part its baselines share."""
+    want = (cfg.get("attention", "triton"), cfg.get("draft_attention", "triton"))
+    return next((f"-{k}" for k, v in ATTENTION_SUFFIXES.items() if v == want), "")
+
+
+@functools.lru_cache(maxsize=1)
+def unproven_backends() -> tuple[str, ...]:
+    """The --attention-backend values the patch set's backends table has wired but not proven on a GPU."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_ddtree_backends_table", BACKENDS_TABLE)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolves the module of its classes
+    spec.loader.exec_module(mod)
+    return mod.with_status(mod.WIRED_UNPROVEN)
+
+
 def parse(name: str) -> dict:
     parts = name.split("-")
     cfg = {"name": name, "modelset": parts[0], "algo": parts[1], "budget": None, "graph": False, "profile": False,
@@ -131,6 +162,8 @@ def parse(name: str) -> dict:
             cfg["gdn_chunk"] = "prec=tf32x3"
         elif p == "tattn":  # DDTREE_VERIFY_ATTN=ddtree: tree verifies through DDTree's attention kernel
             cfg["verify_attn"] = "ddtree"
+        elif p in ATTENTION_SUFFIXES:  # the target's (and -fi: the drafter's) attention backend
+            cfg["attention"], cfg["draft_attention"] = ATTENTION_SUFFIXES[p]
         elif p == "sync":  # DDTREE_SYNC_CHECK=1: log every host-synchronising CUDA call of a DDTree round
             cfg["sync_check"] = True
         elif p == "metrics":  # --enable-metrics: DDTree's /metrics counters and round timing run in every round
@@ -152,7 +185,7 @@ def engine_kwargs(cfg: dict) -> dict:
     tgt, drf = MODELSETS[cfg["modelset"]]
     kw = dict(
         model_path=str(MODELS / tgt),
-        attention_backend="triton",
+        attention_backend=cfg.get("attention", "triton"),
         sampling_backend="pytorch",
         grammar_backend="none",
         mem_fraction_static=float(os.environ.get("E2E_MEM_FRACTION", "0.08" if BASE == "0.5.11" else "0.12")),
@@ -189,7 +222,7 @@ def engine_kwargs(cfg: dict) -> dict:
             kw["cuda_graph_max_bs_decode"] = max_bs
         if not cfg["overlap"]:
             kw["disable_overlap_schedule"] = True
-        kw["speculative_draft_attention_backend"] = "triton"
+        kw["speculative_draft_attention_backend"] = cfg.get("draft_attention", "triton")
     if cfg["modelset"] in DUMMY_MODELSETS:
         kw["load_format"] = "dummy"
         kw["skip_tokenizer_init"] = True
@@ -214,6 +247,8 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["speculative_ddtree_budget"] = cfg["budget"]
         if cfg.get("adapt"):
             kw["speculative_ddtree_adapt"] = True
+        if kw["attention_backend"] in unproven_backends():  # the flag is refused where it gates nothing
+            kw["speculative_ddtree_allow_unproven"] = True
     return kw
 
 
@@ -619,6 +654,16 @@ def acceptance(meta: list[dict]) -> dict:
             "tokens_per_round": round((accepted + verify) / verify, 4) if verify else None}
 
 
+def baseline(rs: dict, cfg: dict, algo: str) -> dict | None:
+    """The result a configuration is compared with: MODELSET-ALGO with the same graph mode, else without graphs,
+    on the same attention backend (its suffix: AR has no drafter, so -fiv configurations take the -fi AR)."""
+    att = attention_suffix(cfg)
+    if algo == "ar" and att:
+        att = "-fi"
+    stem = f"{cfg['modelset']}-{algo}"
+    return rs.get(stem + ("-graph" if cfg["graph"] else "") + att) or rs.get(stem + att)
+
+
 def report(outdir: Path, result: Path, base: str = BASE) -> dict:
     """Every configuration against its baselines, as RESULT.json/.md; ``base`` picks the base's acceptance
     accounting (0.5.14+ count every draft the last round accepted)."""
@@ -639,7 +684,7 @@ def report(outdir: Path, result: Path, base: str = BASE) -> dict:
         cfg = d["config"]
         if cfg["algo"] == "ar" or not d.get("ok"):
             continue
-        base = rs.get(f"{cfg['modelset']}-ar" + ("-graph" if cfg["graph"] else "")) or rs.get(f"{cfg['modelset']}-ar")
+        base = baseline(rs, cfg, "ar")
         if not base or not base.get("ok"):
             continue
         for wl, w in d["workloads"].items():
@@ -661,7 +706,7 @@ def report(outdir: Path, result: Path, base: str = BASE) -> dict:
         cfg = d["config"]
         if cfg["algo"] != "ddtree" or not d.get("ok"):
             continue
-        chain = rs.get(f"{cfg['modelset']}-chain" + ("-graph" if cfg["graph"] else "")) or rs.get(f"{cfg['modelset']}-chain")
+        chain = baseline(rs, cfg, "chain")
         if not chain or not chain.get("ok"):
             continue
         for wl, w in d["workloads"].items():

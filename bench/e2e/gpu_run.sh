@@ -18,10 +18,18 @@
 # E2E_SETUP_ONLY=1: install the bundle and lay the overlay (as above), then stop (bench/e2e/hybrid_v2.sh gputests).
 # E2E_GPUS=0,1,2,3: spread the configurations over these GPUs (dummy-weight model sets one per GPU on all but the first,
 # the others on the first; bench/e2e/driver.py gpu_slot).
+# E2E_BUNDLE=DIR: the bundle folder (relative to the repo root, or absolute) instead of the base's default. A bundle with
+# a flashinfer_python wheel (.e2e17fi: bench/e2e/mk_bundle_flashinfer.sh) has the REAL FlashInfer: SGLang may use it
+# (SGLANG_IS_FLASHINFER_AVAILABLE is not set to false), its JIT compiles kernels with the machine's nvcc into
+# $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (default /tmp/flashinfer) and never downloads (FLASHINFER_NO_DOWNLOAD=1);
+# $OUT/flashinfer-jit.txt lists the modules it built and how long each took. Configurations ending in -fi / -fiv run
+# --attention-backend flashinfer (driver.py).
 set -u
 TAG=$1; CONFIGS=$2; SEQ=${3:-}
 export E2E_BASE=${E2E_BASE:-0.5.11}
-if [ "$E2E_BASE" = 0.5.11 ]; then B=$PWD/.e2e; else B=$PWD/.e2e${E2E_BASE##*.}; fi
+if [ -n "${E2E_BUNDLE:-}" ]; then case $E2E_BUNDLE in /*) B=$E2E_BUNDLE ;; *) B=$PWD/$E2E_BUNDLE ;; esac; B=${B%/}
+elif [ "$E2E_BASE" = 0.5.11 ]; then B=$PWD/.e2e; else B=$PWD/.e2e${E2E_BASE##*.}; fi
+REAL_FI=0; ls "$B"/wheels/flashinfer_python-*.whl > /dev/null 2>&1 && REAL_FI=1
 OUT=${OUT:-$PWD/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 export E2E_MODELS=${E2E_MODELS:-/tmp/models}; M=$E2E_MODELS  # where the models are made; the driver reads them there
@@ -32,12 +40,20 @@ DRY=${E2E_DRY_RUN:-0}  # 1: CPU dry run (no install; bench.e2e.dry_engine stands
 if [ "$DRY" = 1 ]; then
   echo "dry run: no install, CPU stand-in engines" > "$OUT/setup.log"; export PYTHONUNBUFFERED=1 E2E_DRY_RUN=1 E2E_OVERLAY_DIR=${E2E_OVERLAY_DIR:-/tmp/overlay}
 else
+# a warm machine may hold another bundle's packages in /tmp/site (the real FlashInfer would shadow a bundle's shim)
+[ "$(cat /tmp/site/.e2e-bundle 2>/dev/null)" = "$B" ] || rm -rf /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/wheels/*.whl > "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 1; }
+echo "$B" > /tmp/site/.e2e-bundle
 rm -rf /tmp/overlay && mkdir -p /tmp/overlay && cp -r /tmp/site/sglang /tmp/overlay/ && cp -r "$B"/overlay/sglang/. /tmp/overlay/sglang/
 # the overlay's plugin dist-info (patch sets with hooks: SGLang's plugin loader finds its entry point on the path)
 for d in "$B"/overlay/*.dist-info; do [ -d "$d" ] && cp -r "$d" /tmp/overlay/; done
 find /tmp/overlay/sglang -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
-export E2E_OVERLAY_DIR=/tmp/overlay PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim SGLANG_IS_FLASHINFER_AVAILABLE=false PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export E2E_OVERLAY_DIR=/tmp/overlay PYTHONPATH=/tmp/overlay:/tmp/site:$B/shim PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ $REAL_FI = 1 ]; then
+  . bench/e2e/fi_env.sh  # FlashInfer's JIT offline: cache under /tmp, nvcc, what it links and includes
+else
+  export SGLANG_IS_FLASHINFER_AVAILABLE=false  # the bundle's flashinfer is a shim
+fi
 ldconfig -p | grep -q 'libnuma.so.1 ' || export LD_LIBRARY_PATH=$B/numa${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 if [ "${E2E_SETUP_ONLY:-0}" = 1 ]; then  # the bundle installed with the overlay (/tmp/site, /tmp/overlay), nothing run
@@ -60,6 +76,7 @@ MK=$!
 if [ "$DRY" != 1 ]; then
 if [ "$E2E_BASE" = 0.5.11 ]; then GLUE=sglang.srt.speculative.ddtree_verify; else GLUE=sglang.srt.speculative.ddtree_v2.round; fi
 python3 -c "import torch, sglang, sglang.srt.speculative.ddtree as rt, $GLUE as dv; print('torch', torch.__version__, 'sglang', sglang.__version__, sglang.__file__, 'runtime', rt.__version__)" 2>&1 | tail -3
+[ $REAL_FI = 1 ] && python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__, flashinfer.__file__)" 2>&1 | tail -2
 python3 -m bench.e2e.expected_acceptance /tmp/overlay "$OUT/expected-acceptance.json" > /dev/null 2>&1 || echo "expected_acceptance failed"
 # Byte-compile the whole overlay and bundle once (seconds on all cores) instead of in every Engine process at once.
 python3 -m compileall -q -j 0 /tmp/overlay/sglang /tmp/site >/dev/null 2>&1; python3 -m compileall -q /tmp/overlay/sglang/srt/speculative /tmp/overlay/sglang/srt/server_args.py >/dev/null || echo "compileall failed"
@@ -112,6 +129,10 @@ if [ -d $R/prof ]; then
   python3 -m bench.e2e.gdn_share $R "$OUT/$TAG-gdn-share.json" || echo "gdn_share failed"
   tar cf "$OUT/$TAG-prof.tgz" -C $R prof
   [ $(stat -c %s "$OUT/$TAG-prof.tgz") -le 15000000 ] || { echo "traces too large to return: $(du -sh $R/prof)"; rm -f "$OUT/$TAG-prof.tgz"; }
+fi
+if [ $REAL_FI = 1 ] && [ "$DRY" != 1 ]; then  # what FlashInfer's JIT built in this call (seconds from ninja file to library)
+  python3 -m bench.e2e.fi_bundle jit-times "$FLASHINFER_WORKSPACE_BASE" | tee "$OUT/flashinfer-jit.txt" | tail -12
+  cp "$OUT/flashinfer-jit.txt" $R/ 2>/dev/null
 fi
 tar czf "$OUT/$TAG-raw.tgz" -C $R --exclude ./prof .
 if grep -qh "DDTree sync check" $R/logs/*.log 2>/dev/null; then
