@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # each case starts the benchmark in a new Python (torch imported): make test only
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
