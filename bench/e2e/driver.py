@@ -181,6 +181,26 @@ def parse(name: str) -> dict:
     return cfg
 
 
+#: GPU memory the 8B-shape engines are sized for (0.22 of an H200's 139 GiB: the 16 GB of weights, the drafter,
+#: the KV cache and graphs), as a fraction of whatever card runs them
+BIG_ENGINE_BYTES = 0.22 * 139.8 * 2**30
+
+
+def big_mem_fraction(total_bytes: int | None = None) -> float:
+    """``--mem-fraction-static`` for the dummy-weight 8B-shape engines: the same bytes on any card (0.22 on an H200,
+    0.38 on an 80 GiB H100, where 0.22 leaves no room for the KV cache), 0.22 where no GPU is seen (dry runs)."""
+    if total_bytes is None:
+        try:
+            import torch
+
+            total_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+        except Exception:  # noqa: BLE001 - no torch or no driver: the dry run's default
+            total_bytes = 0
+    if not total_bytes:
+        return 0.22
+    return round(min(0.9, max(0.22, BIG_ENGINE_BYTES / total_bytes)), 3)
+
+
 def engine_kwargs(cfg: dict) -> dict:
     tgt, drf = MODELSETS[cfg["modelset"]]
     kw = dict(
@@ -228,7 +248,7 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["skip_tokenizer_init"] = True
         if "max_running" not in cfg:
             kw["max_running_requests"] = max(kw["max_running_requests"], max(SPEED_BATCHES))
-        kw["mem_fraction_static"] = float(os.environ.get("E2E_MEM_FRACTION_BIG", "0.22"))
+        kw["mem_fraction_static"] = float(os.environ.get("E2E_MEM_FRACTION_BIG") or big_mem_fraction())
     if cfg["modelset"] in Q36_MODELSETS:
         # 27B of weights, then the recurrent states: most of the GPU, most of the rest to the mamba pool (its
         # per-step verify scratch grows with the verify width), text only (no image processor), graphs for the
