@@ -404,15 +404,18 @@ out = {"module": module, "hook_point": hook,
        "sinks": call(mask, sinks=torch.zeros(2)) if "sinks" in params else None, "tree_args": calls["tree"][:1]}
 backend = types.SimpleNamespace(extend_attention_fwd=real)
 out["default_installs"] = va.install(backend, tree)
-os.environ["DDTREE_VERIFY_ATTN"] = "ddtree"
-out["installs"] = [va.install(backend, tree), va.install(backend, tree)]
-out["wrapped_once"] = getattr(backend.extend_attention_fwd, "__wrapped__", None) is real
-os.environ["DDTREE_VERIFY_ATTN"] = "fast"
-try:
-    va.choice()
-    out["bad_value"] = "accepted"
-except ValueError as e:
-    out["bad_value"] = str(e)
+try:  # the scripts after this one in the same process must not see the variable
+    os.environ["DDTREE_VERIFY_ATTN"] = "ddtree"
+    out["installs"] = [va.install(backend, tree), va.install(backend, tree)]
+    out["wrapped_once"] = getattr(backend.extend_attention_fwd, "__wrapped__", None) is real
+    os.environ["DDTREE_VERIFY_ATTN"] = "fast"
+    try:
+        va.choice()
+        out["bad_value"] = "accepted"
+    except ValueError as e:
+        out["bad_value"] = str(e)
+finally:
+    os.environ.pop("DDTREE_VERIFY_ATTN", None)
 print("RESULT" + json.dumps(out))
 '''
 
