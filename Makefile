@@ -52,11 +52,12 @@ demo: install
 	$(PY) -m ddtree_deploy.sandbox.demo
 
 # Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
-# In TEST_JOBS worker processes (pytest-xdist): much of the suite waits on sshd hosts and subprocesses; on 2 cores
-# two workers took 17-29 min in December 2026 (17:12 on 2 idle cores on the 6th; 28:51 on a box then 30 % slower than it was an hour before; ten SGLang bases). Each test file runs whole, in order, on one worker (--dist loadfile): a
+# In TEST_JOBS worker processes (pytest-xdist): much of the suite waits on sshd hosts and subprocesses, so on 2 cores
+# three workers beat two: 17:13 against 18:19 for the 1,694 tests of 2026-12-07 on 2 idle cores (two took 17-29 min
+# earlier that month, 28:51 on a box then 30 % slower than an hour before). Each test file runs whole, in order, on one worker (--dist loadfile): a
 # sandbox module is one scenario on its own hosts (a module fixture), and a test may build on the state an
 # earlier test of its file left; work stealing split files between workers and broke that. TEST_JOBS=0: one process.
-TEST_JOBS ?= 2
+TEST_JOBS ?= 3
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 test: install
 	$(PY) -m pytest -q -m "not gpu" --durations=25 $(XDIST)
