@@ -59,13 +59,16 @@ demo: install
 # earlier test of its file left; work stealing split files between workers and broke that. TEST_JOBS=0: one process.
 TEST_JOBS ?= 3
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
+# The inner loop is CPU-bound (interpreted kernels, no hosts to wait on): two workers on 2 cores (1:57; three, 2:14)
+FAST_JOBS ?= 2
+XDIST_FAST = $(if $(filter 0,$(FAST_JOBS)),,-n $(FAST_JOBS) --dist loadfile)
 test: install
 	$(PY) -m pytest -q -m "not gpu" --durations=25 $(XDIST)
 
 # The inner loop (under 2 minutes on 2 cores): no sandbox sshd hosts, no real SGLang wheels unpacked or patched, and
 # no test marked slow (whole dry-run benchmarks and proofs); every kernel-against-reference test stays in it.
 test-fast: install
-	$(PY) -m pytest -q -m "not gpu and not sandbox and not wheels and not slow" $(XDIST)
+	$(PY) -m pytest -q -m "not gpu and not sandbox and not wheels and not slow" $(XDIST_FAST)
 
 test-gpu:
 	TRITON_INTERPRET=0 $(PY) -m pytest -q -m gpu
