@@ -24,6 +24,14 @@ from pathlib import Path
 
 import pytest
 
+# Triton decides interpreted or compiled when a function is decorated, and ``triton.language`` decorates its own
+# standard functions (``tl.zeros``, ...) when it is first imported. So on a machine without an NVIDIA GPU the whole
+# test process runs Triton interpreted, set here before any test module can import triton: set later (by the first
+# runtime test file to load), a worker that had already imported triton through another test mixes compiled
+# standard functions into interpreted kernels ("Cannot call @triton.jit'd outside of the scope of a kernel").
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from ddtree_deploy.inventory import Host, load_inventory
 from ddtree_deploy.sandbox import DEFAULT_HOSTS, SSHD, Sandbox, SandboxState
 
