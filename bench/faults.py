@@ -38,7 +38,7 @@ A trial "held" when every check passed. Faults:
 
 Run: ``make faults`` (``python bench/faults.py --trials 20``): results in bench/results/faults.md and faults.json
 (``--cases ... --merge`` reruns some cases and keeps the other rows, each naming the run it comes from).
-The test suite runs a short form (tests/test_faults.py, one trial of a selection).
+The test suite runs a short form (tests/test_faults.py and tests/test_faults_host.py, one trial of a selection).
 """
 
 from __future__ import annotations
@@ -1206,7 +1206,7 @@ DISK_AFTER_POINTS = ["switch:flipped", "server:restart", "startup+0"]
 #: overlay replaces while the build is held at build:verified.
 BREAK_LOCK_POINTS = ["restart+0.2", "restart+0.5", "restart+2", "restart+5", "restart+9"]
 HOTFIX_FILES = 5
-SHORT = {  # the selection tests/test_faults.py runs (one trial each, with the stand-in server)
+SHORT = {  # the selection tests/test_faults.py and test_faults_host.py run (one trial each, with the stand-in server)
     "cut": ["switch:pending", "generation+0"], "sigint": ["startup+0.3"], "sigkill": ["server:restart"], "disk": [0],
     "guardian": ["startup+0.3", "finish:start"], "sshd": ["startup+0.3"], "disk-after": ["switch:flipped"],
     "paths": ["dotdot"], "hostile": ["bad-result", "patch-pyc"], "yaml": ["timeout-inf"],
