@@ -10,6 +10,10 @@ from __future__ import annotations
 import shlex
 
 BUDGET_FLAGS = ("--speculative-ddtree-budget", "--ddtree-budget")
+#: DDTree's other flags, which mean nothing without the budget (SGLang with our patch set refuses each of them alone,
+#: naming it): the chain's flags drop them. Those that take a value, then the switches.
+DDTREE_VALUE_FLAGS = ("--speculative-ddtree-schedule-hold", "--speculative-ddtree-schedule")
+DDTREE_SWITCHES = ("--speculative-ddtree-adapt", "--speculative-ddtree-allow-unproven")
 ALGORITHM_FLAG = "--speculative-algorithm"
 #: SGLang's switch for ``/metrics`` (its own families and DDTree's); the reference engine takes it too.
 METRICS_FLAG = "--enable-metrics"
@@ -50,12 +54,15 @@ def with_budget(flags: str, budget: str) -> str:
 
 
 def chain_flags(flags: str) -> str:
-    """The stock DFlash chain: the same flags without the DDTree budget (the reference engine's own ``DDTREE``
-    algorithm name becomes ``DFLASH``)."""
+    """The stock DFlash chain: the same flags without the DDTree budget and DDTree's other flags (each refused
+    without the budget), the reference engine's own ``DDTREE`` algorithm name becoming ``DFLASH``."""
     tokens = shlex.split(flags or "")
-    hit = _find(tokens, BUDGET_FLAGS)
-    if hit:
-        del tokens[hit[0]:hit[1]]
+    for names in (BUDGET_FLAGS, *((name,) for name in DDTREE_VALUE_FLAGS)):
+        hit = _find(tokens, names)
+        while hit:
+            del tokens[hit[0]:hit[1]]
+            hit = _find(tokens, names)
+    tokens = [t for t in tokens if t not in DDTREE_SWITCHES]
     alg = _find(tokens, (ALGORITHM_FLAG,))
     if alg and alg[2].upper() == "DDTREE":
         tokens[alg[0]:alg[1]] = [ALGORITHM_FLAG, "DFLASH"]

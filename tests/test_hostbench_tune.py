@@ -45,6 +45,11 @@ def test_flag_spellings():
     assert spec_flags.with_budget("--speculative-algorithm DFLASH --speculative-ddtree-budget=16", "8") == \
         "--speculative-algorithm DFLASH --speculative-ddtree-budget 8"
     assert spec_flags.chain_flags("--speculative-algorithm DDTREE --ddtree-budget 16") == "--speculative-algorithm DFLASH"
+    # DDTree's other flags are refused without the budget: the chain drops them too
+    f = ("--speculative-algorithm DFLASH --speculative-ddtree-budget 1:64,8:0 --speculative-ddtree-schedule-hold 4 "
+         "--speculative-ddtree-adapt --speculative-ddtree-allow-unproven --speculative-ddtree-schedule=1:64,8:0 --tp 8")
+    assert spec_flags.chain_flags(f) == "--speculative-algorithm DFLASH --tp 8"
+    assert spec_flags.with_budget(f, "32").split()[3:6] == ["32", "--speculative-ddtree-schedule-hold", "4"]
     assert spec_flags.with_budget("--speculative-algorithm DFLASH", "4").endswith("--speculative-ddtree-budget 4")
 
 

@@ -74,6 +74,7 @@ def test_ddtree_server_endpoints_generation_and_sigterm(ddtree_server, release_d
     assert status == 200 and info["ready"] is True
     assert info["version"] == ddtree_refengine.__version__
     assert info["speculative_algorithm"] == "DDTREE" and info["speculative_ddtree_budget"] == 16
+    assert info["speculative_ddtree_schedule_hold"] == 8  # the runtime's default, as the SGLang patch set's
     assert info["ddtree_runtime_path"] == str((release_dir / "sglang" / "srt" / "speculative" / "ddtree").resolve())
     assert info["ddtree_runtime_version"] == runtime.__version__
 

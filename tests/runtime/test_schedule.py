@@ -304,3 +304,62 @@ def test_tune_fit_on_a_hybrid_host_with_cells_that_did_not_fit():
     row8 = next(r for r in res["table"] if r["batch"] == 8)
     assert row8["b64_tok_s"] is None and row8["chosen_budget"] in (0, 16)
     assert res["measured_tokens_per_round"] == {16: 5.3, 64: 6.1}
+
+
+# -- hysteresis (--speculative-ddtree-schedule-hold) ----------------------------------------------------------------
+
+def _run(hold: int, wanted: list[int], allowed=None) -> list[int]:
+    h = S.Hysteresis(hold)
+    return [h.step(w, None if allowed is None else allowed[i]) for i, w in enumerate(wanted)]
+
+
+def test_hysteresis_steady_change_switches_at_the_hold_th_round():
+    sched = S.parse_schedule("1:64,8:16,32:0")
+    sizes = [1] * 5 + [8] * 6 + [40] * 6  # the decode batch grows past two thresholds and stays
+    used = _run(4, [sched.budget_for(bs) for bs in sizes])
+    assert used == [64] * 5 + [64, 64, 64, 16, 16, 16] + [16, 16, 16, 0, 0, 0]
+    assert _run(1, [sched.budget_for(bs) for bs in sizes]) == [sched.budget_for(bs) for bs in sizes]
+    assert _run(0, [64, 16, 64, 0]) == [64, 16, 64, 0]  # 0 and 1: no hold
+
+
+def test_hysteresis_boundary_oscillation_changes_width_at_most_once_per_hold():
+    sched = S.parse_schedule("1:64,4:16")
+    rng = random.Random(RUN_SEED * 7 + 1)
+    for hold in (2, 3, 8):
+        for _ in range(50):  # batch sizes around the threshold 4: 3 wants b64, 4 and 5 want b16
+            sizes = [rng.choice((3, 4, 5)) if rng.random() < 0.7 else rng.choice((3, 3, 3, 4)) for _ in range(60)]
+            wanted = [sched.budget_for(bs) for bs in sizes]
+            h = S.Hysteresis(hold)
+            used = [h.step(w) for w in wanted]
+            switch_at = [i for i in range(1, len(used)) if used[i] != used[i - 1]]
+            assert all(b - a >= hold for a, b in zip(switch_at, switch_at[1:], strict=False)), (hold, sizes, used)
+            for i in switch_at:  # a switch only after `hold` rounds in a row wanted the new budget
+                assert wanted[max(0, i - hold + 1): i + 1] == [used[i]] * min(hold, i + 1), (hold, sizes, used)
+            assert h.switches == len(switch_at) and h.forced == 0
+            assert h.held == sum(u != w for u, w in zip(used, wanted, strict=True))
+    # a strict alternation never holds a new budget long enough: the width stays
+    assert _run(3, [16, 64] * 10) == [16] * 20
+    assert _run(2, [64, 16, 16, 64, 16, 16]) == [64, 64, 16, 16, 16, 16]
+
+
+def test_hysteresis_picks_only_runnable_budgets():
+    """With CUDA graphs a round can run only what its padded size captured: a held budget outside that gives way at
+    once (a forced switch); the budget run is always one that was wanted, and one the round can run."""
+    used = _run(8, [64, 64, 16, 16, 0, 0], allowed=[{64}, {64}, {16, 64}, {16}, {0, 16}, {0}])
+    assert used == [64, 64, 64, 16, 16, 0]
+    h = S.Hysteresis(8)
+    h.step(64)
+    assert h.step(16, {16}) == 16 and h.forced == 1 and h.switches == 1
+    with pytest.raises(ValueError, match="wanted budget 32 is not among this round's runnable budgets"):
+        h.step(32, {16})
+
+
+@pytest.mark.parametrize("value, message", [
+    (-1, "must be >= 0 decode rounds"), ("-2", "must be >= 0 decode rounds"), ("x", "hold 'x' is not an integer"),
+    ("1.5", "hold '1.5' is not an integer"), (True, "expected a number of decode rounds"),
+    (2.0, "expected a number of decode rounds"),
+])
+def test_hold_values_checked(value, message):
+    with pytest.raises(S.ScheduleError, match=f"^--speculative-ddtree-schedule-hold: .*{message}"):
+        S.check_hold(value, source="--speculative-ddtree-schedule-hold")
+    assert S.check_hold("8") == 8 and S.check_hold(0) == 0 and S.DEFAULT_HOLD == 8

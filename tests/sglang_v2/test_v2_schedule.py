@@ -107,8 +107,26 @@ def worker(target_bs, draft_bs):
     return SimpleNamespace(model_runner=mk(target_bs), draft_model_runner=mk(draft_bs))
 w = worker(CAPTURE, CAPTURE)
 out["round"] = {raw: [rnd.tree_round(w, raw), rnd.budget, rnd.n1] for raw in (1, 7, 8, 9, 15, 16, 17, 25, 33)}
-eager = DDTreeRound.for_worker(sched, block_size=4)
+SCHED = ["--speculative-ddtree-budget", "1:64,8:32,16:16,32:0"]
+nohold = prepare_server_args(common + SCHED + ["--speculative-ddtree-schedule-hold", "0"])
+eager = DDTreeRound.for_worker(nohold, block_size=4)
 out["round_eager"] = {raw: [eager.tree_round(worker(None, None), raw), eager.budget] for raw in (7, 9, 31, 33)}
+# the hysteresis (--speculative-ddtree-schedule-hold 3): a change of budget waits 3 decode rounds where the round
+# can run the held budget (eagerly: any of the schedule's); at a captured size only what was captured there runs
+held = prepare_server_args(common + SCHED + ["--speculative-ddtree-schedule-hold", "3"])
+SEQ = [1, 1, 9, 1, 9, 9, 9, 9, 33, 33, 33]
+h_eager, h_graph = DDTreeRound.for_worker(held, block_size=4), DDTreeRound.for_worker(held, block_size=4)
+out["hold_eager"] = [[h_eager.tree_round(worker(None, None), raw), h_eager.budget] for raw in SEQ]
+out["hold_graph"] = [[h_graph.tree_round(w, raw), h_graph.budget] for raw in SEQ]
+out["hold_counts"] = {k: [r.hysteresis.switches, r.hysteresis.forced, r.hysteresis.held]
+                      for k, r in (("eager", h_eager), ("graph", h_graph))}
+out["hold"] = {"default": rnd.hysteresis.hold, "held": h_eager.hysteresis.hold, "none": eager.hysteresis.hold,
+               "resolved": [getattr(sched, "speculative_ddtree_schedule_hold", None),
+                            getattr(held, "speculative_ddtree_schedule_hold", None)]}
+ad = DDTreeRound.for_worker(adapt, block_size=4)
+out["runnable"] = {"sched": [sorted(rnd.runnable(p, CAPTURE)) for p in (4, 32, 40)],
+                   "adapt": [sorted(ad.runnable(p, CAPTURE)) for p in (4, 32, 40)],
+                   "eager": sorted(rnd.runnable(4, []))}
 bad = DDTreeRound.for_worker(sched, block_size=4)
 w_bad = worker(CAPTURE, [1, 2, 4, 8, 16, 32])  # the draft's sizes decide (its tail built the tree)
 out["mismatch"] = {raw: [bad.tree_round(w_bad, raw), bad.budget] for raw in (7, 12, 20)}
@@ -216,6 +234,22 @@ def test_round_budget_from_the_padded_size(sched):
     assert eager == {7: [True, 64], 9: [True, 32], 31: [True, 16], 33: [False, 0]}  # no graphs: the raw size
     # differing capture lists: the draft's sizes decide (7 -> 8: b32; 12 -> 16: b16; 20 -> 32: the chain)
     assert {int(k): v for k, v in sched["mismatch"].items()} == {7: [True, 32], 12: [True, 16], 20: [False, 0]}
+
+
+def test_round_budget_through_the_hysteresis(sched):
+    """--speculative-ddtree-schedule-hold 3: eagerly (no graphs, every budget of the schedule can run) a change waits
+    until the decode batch has wanted the new budget 3 rounds in a row (a round wanting the running one resets it);
+    at a captured size only the budget captured there can run, so a held one gives way at once (forced), and past
+    the largest captured size (eager) the hold applies again. The default hold is 8 and resolution records it."""
+    # wanted: 64 64 32 64 32 32 32 32 0 0 0 (batch sizes 1 1 9 1 9 9 9 9 33 33 33)
+    assert sched["hold_eager"] == [[True, 64]] * 6 + [[True, 32]] * 4 + [[False, 0]]
+    assert sched["hold_graph"] == ([[True, 64]] * 2 + [[True, 32], [True, 64]] + [[True, 32]] * 6
+                                   + [[False, 0]])
+    assert sched["hold_counts"] == {"eager": [2, 0, 5], "graph": [4, 3, 2]}  # [switches, forced, held rounds]
+    assert sched["hold"] == {"default": 8, "held": 3, "none": 0, "resolved": [8, 3]}
+    # what a round can run: its captured size's budget (and the chain's, with adaptation); eagerly every budget
+    assert sched["runnable"] == {"sched": [[64], [0], [0, 16, 32, 64]], "adapt": [[0, 64], [0], [0, 16, 32, 64]],
+                                 "eager": [0, 16, 32, 64]}
 
 
 def test_draft_graph_tail_per_size(sched):

@@ -88,11 +88,22 @@ CASES = {
                         "--speculative-ddtree-allow-unproven"],
     "schedule_alone": ["--speculative-ddtree-schedule", "1:15,4:0"],
     "schedule_beside_budget": ["--speculative-ddtree-budget", "15", "--speculative-ddtree-schedule", "1:15,4:0"],
+    # the schedule's hysteresis (every spec-v2 base declares the flag; with one budget it holds nothing)
+    "hold_b15": ["--speculative-ddtree-budget", "15", "--speculative-ddtree-schedule-hold", "3"],
+    "hold_zero": ["--speculative-ddtree-budget", "15", "--speculative-ddtree-schedule-hold", "0"],
+    "hold_sched": ["--speculative-ddtree-budget", "1:15,4:0", "--speculative-ddtree-schedule-hold", "16"],
+    "hold_negative": ["--speculative-ddtree-budget", "15", "--speculative-ddtree-schedule-hold", "-1"],
+    "hold_word": ["--speculative-ddtree-budget", "15", "--speculative-ddtree-schedule-hold", "x"],
+    "hold_alone": ["--speculative-ddtree-schedule-hold", "4"],
+    "hold_alone_negative": ["--speculative-ddtree-schedule-hold", "-4"],
 }
+import contextlib, io
 out = {}
 for name, extra in CASES.items():
+    err = io.StringIO()  # argparse's own message (an unknown flag, a value of the wrong type) goes to stderr
     try:
-        sa = prepare_server_args(common + extra)
+        with contextlib.redirect_stderr(err):
+            sa = prepare_server_args(common + extra)
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         publish(sa)
         algo = SpeculativeAlgorithm.DFLASH
@@ -109,9 +120,11 @@ for name, extra in CASES.items():
                      "copy_is_target": draft is sa, "copy_num_draft_tokens": view(draft).speculative_num_draft_tokens,
                      "copy_draft_width": width(view(draft).speculative_num_draft_tokens, True),
                      "target_after_copy": view(sa).speculative_num_draft_tokens,
-                     "adapt": getattr(v, "speculative_ddtree_adapt", None)}
+                     "adapt": getattr(v, "speculative_ddtree_adapt", None),
+                     "hold": getattr(v, "speculative_ddtree_schedule_hold", "absent")}
     except BaseException as e:  # an unknown flag (--speculative-ddtree-adapt before 0.5.17) exits argparse
-        out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e)}
+        out[name] = {"ok": False, "type": type(e).__name__, "msg": str(e), "code": getattr(e, "code", None),
+                     "stderr": err.getvalue()[-2000:]}
 # EAGLE with a budget: refused before any EAGLE handling
 try:
     prepare_server_args(["--model-path", tgt, "--skip-tokenizer-init", "--speculative-algorithm", "EAGLE",
@@ -335,6 +348,33 @@ def test_allow_unproven_with_a_grammar_backend_by_base(v2_base, resolved):
         assert c["ok"] and c["num_draft_tokens"] == 16, c
     else:
         assert not c["ok"] and "does nothing here" in c["msg"], c
+
+
+def test_schedule_hold_flag(v2_base, resolved):
+    """--speculative-ddtree-schedule-hold on every spec-v2 base: resolution records the hold a DDTree server runs
+    (default 8, shown by /get_server_info), beside a single budget too (where it holds nothing: a budget tune fits
+    may be single, and the launch line keeps the flag); a bad value is refused naming the flag (argparse exits 2 for
+    a non-integer), and so is the flag without a budget."""
+    assert resolved["b15"]["hold"] == 8 and resolved["chain"]["hold"] is None, (resolved["b15"], resolved["chain"])
+    assert resolved["hold_b15"]["ok"] and resolved["hold_b15"]["hold"] == 3, resolved["hold_b15"]
+    assert resolved["hold_zero"]["ok"] and resolved["hold_zero"]["hold"] == 0, resolved["hold_zero"]
+    c = resolved["hold_sched"]
+    if TRAITS[v2_base].schedule:
+        assert c["ok"] and c["hold"] == 16 and c["schedule"] == "1:15,4:0", c
+        assert resolved["sched"]["hold"] == 8
+    else:
+        assert not c["ok"] and f"this is SGLang {v2_base}: give one budget N" in c["msg"], c
+    c = resolved["hold_negative"]
+    assert not c["ok"] and c["type"] == "ValueError", c
+    assert "--speculative-ddtree-schedule-hold: must be >= 0 decode rounds (0 or 1 = no hold), got -1" in c["msg"]
+    c = resolved["hold_word"]
+    assert not c["ok"] and c["type"] == "SystemExit" and c["code"] == 2, c
+    assert "--speculative-ddtree-schedule-hold" in c["stderr"] and "'x'" in c["stderr"], c["stderr"]
+    c = resolved["hold_alone"]
+    assert not c["ok"] and c["type"] == "ValueError", c
+    assert "--speculative-ddtree-schedule-hold 4 does nothing without --speculative-ddtree-budget" in c["msg"], c
+    c = resolved["hold_alone_negative"]  # the bad value is named as such before the missing budget
+    assert not c["ok"] and "--speculative-ddtree-schedule-hold: must be >= 0 decode rounds" in c["msg"], c
 
 
 def test_schedule_flag_that_does_nothing(v2_base, resolved):

@@ -42,6 +42,29 @@ def _close(server: EngineServer | None, serving: bool, pid_file: Path | None) ->
         pid_file.unlink(missing_ok=True)
 
 
+def _hold(text: str) -> int:
+    """``--speculative-ddtree-schedule-hold``'s value: decode rounds, an integer >= 0 (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of decode rounds (an integer >= 0), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 decode rounds (0 or 1 = no hold), got {value}")
+    return value
+
+
+def resolve_hold(hold: int | None, runtime) -> int:
+    """The hold the batcher runs: the flag's, else the runtime's ``schedule.DEFAULT_HOLD`` (0 with a runtime older
+    than the hysteresis: it has none to run)."""
+    if hold is not None:
+        return int(hold)
+    try:
+        sched_mod = importlib.import_module(runtime.__name__ + ".schedule")
+    except ImportError:
+        return 0
+    return int(getattr(sched_mod, "DEFAULT_HOLD", 0))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ddtree_refengine", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
@@ -52,6 +75,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ddtree-budget", "--speculative-ddtree-budget", default=None, dest="budget",
                    help="one budget N, or a batch-size schedule such as 1:64,4:16,8:0 (0 = the chain at that batch "
                    "size; needs a runtime with schedule.py)")
+    p.add_argument("--speculative-ddtree-schedule-hold", type=_hold, default=None, dest="hold", metavar="N",
+                   help="decode rounds a schedule's new budget must be wanted in a row before a round runs it (the "
+                   "SGLang patch set's flag and default, 8; 0 or 1: no hold; prefill steps do not count)")
     p.add_argument("--max-running-requests", type=int, default=8, help="requests decoded together at most")
     p.add_argument("--step-cost-ms", type=float, default=0.0,
                    help="emulated fixed cost of one decoding step of the batch (a GPU reads the weights once per step "
@@ -128,8 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.pid_file.write_text(f"{os.getpid()}\n")
         runtime = load_runtime() if args.speculative_algorithm != "NONE" else None
         rt_info = describe(runtime) if runtime is not None else {"path": None, "version": None}
+        hold = 0
         if args.speculative_algorithm == "DDTREE":
             budget_for, max_budget, budget_text = resolve_schedule(args.budget, runtime)
+            hold = resolve_hold(args.hold, runtime)
         else:
             budget_for, max_budget, budget_text = (lambda bs: 1), 1, None
         cfg = ModelConfig(seed=args.seed)
@@ -140,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "speculative_algorithm": None if args.speculative_algorithm == "NONE" else args.spelling,
             "speculative_ddtree_budget": (int(budget_text) if budget_text.isdigit() else budget_text)
             if budget_text is not None else None,
+            "speculative_ddtree_schedule_hold": hold if budget_text is not None else None,
             "max_running_requests": args.max_running_requests,
             "step_cost_ms": args.step_cost_ms,
             "verify_token_cost_us": args.verify_token_cost_us,
@@ -165,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if engine.stats is not None:
             engine.stats = type(engine.stats)(engine.stats.depths)  # the self-test is not served traffic
         server.set_ready(engine, Batcher(engine, budget_for, args.max_running_requests, args.verify_token_cost_us,
-                                         args.step_cost_ms))
+                                         args.step_cost_ms, hold=hold))
     except _StopRequested:
         log.info("stopped while loading")
         _close(server, serving, args.pid_file)

@@ -3,8 +3,10 @@
 Why SGLang's shapes: the deployment probe, ``bench`` and ``tune`` are written once, against SGLang; on a GPU-less
 host they talk to this server instead and must not need to know. Stdlib only (ThreadingHTTPServer). Requests
 that arrive together decode together, like SGLang's continuous batching: up to ``max_running_requests`` run, and
-each step advances every running request by one round at the budget the DDTree schedule gives for that batch size
-(so a schedule such as ``1:64,4:16,8:0`` really changes the verify width with the load).
+each decode step advances every running request by one round at the budget the DDTree schedule gives for the size
+of that decode batch (so a schedule such as ``1:64,4:16,8:0`` really changes the verify width with the load), a change
+held as the SGLang patch set holds it (``--speculative-ddtree-schedule-hold``, the runtime's ``schedule.Hysteresis``);
+arrivals are prefilled in steps of their own, as SGLang's scheduler does.
 """
 
 from __future__ import annotations
@@ -108,15 +110,19 @@ class _Job:
 
 
 class Batcher:
-    """Continuous batching in miniature. Each step: admit waiting requests up to ``max_running`` (prefill), then
-    advance every running request by one round at ``budget_for(batch size)`` (0 = the chain round), then wait the
-    emulated GPU cost of the step when it is set: ``step_cost_ms`` once (reading the weights, whatever the batch) plus
-    ``verify_token_cost_us`` per verified token of the batch (the verify forward is compute-bound once a batch is
-    large). Without it a CPU step costs what the tiny models cost, which grows with the batch but hardly with the
-    width. One thread decodes."""
+    """Continuous batching in miniature, stepped as SGLang's scheduler steps. A step either prefills the requests
+    that arrived (up to ``max_running`` running; one prefill step for all of them, no decode round in it), or, when
+    none are waiting, is a decode round: every running request advances one round at the budget for the decode
+    batch's size, ``budget_for(bs)`` (0 = the chain round), through the runtime's ``schedule.Hysteresis`` when a
+    ``hold`` > 1 is given (a change of budget waits until the decode batch has wanted it ``hold`` rounds in a row;
+    prefill steps are not rounds: they neither count nor reset it). A decode round then waits the emulated GPU cost
+    when it is set: ``step_cost_ms`` once (reading the weights, whatever the batch) plus ``verify_token_cost_us``
+    per verified token of the batch (the verify forward is compute-bound once a batch is large). Without it a CPU
+    round costs what the tiny models cost, which grows with the batch but hardly with the width. One thread decodes
+    (``start=False``: none; the caller drives :meth:`step`)."""
 
     def __init__(self, engine: Engine, budget_for: Any, max_running: int = 8, verify_token_cost_us: float = 0.0,
-                 step_cost_ms: float = 0.0) -> None:
+                 step_cost_ms: float = 0.0, *, hold: int = 0, start: bool = True) -> None:
         self.engine = engine
         self.budget_for = budget_for
         self.max_running = max(1, int(max_running))
@@ -125,69 +131,99 @@ class Batcher:
         self.cv = threading.Condition()
         self.waiting: deque[_Job] = deque()
         self.running: list[_Job] = []
-        self.steps = 0
+        self.steps = 0  # decode rounds
+        self.prefill_steps = 0
+        schedule = runtime_part(engine, "schedule")
+        self.hysteresis = None
+        if int(hold) > 1 and engine.algorithm != "NONE":
+            if schedule is None or not hasattr(schedule, "Hysteresis"):
+                raise RuntimeError(f"--speculative-ddtree-schedule-hold {hold}: the DDTree runtime at "
+                                   f"{getattr(engine.runtime, '__file__', '?')} has no schedule.Hysteresis (give 0)")
+            self.hysteresis = schedule.Hysteresis(int(hold))
         metrics = runtime_part(engine, "metrics")
         # the server-wide counters /metrics shows (the runtime's metrics.Totals), under their own lock
         self.totals = metrics.Totals() if metrics is not None else None
         self.totals_lock = threading.Lock()
-        threading.Thread(target=self._loop, name="batcher", daemon=True).start()
+        if start:
+            threading.Thread(target=self._loop, name="batcher", daemon=True).start()
 
-    def submit(self, input_ids: list[int], params: SamplingParams, seed: int) -> GenerationResult:
+    def enqueue(self, input_ids: list[int], params: SamplingParams, seed: int) -> _Job:
+        """Queue a request; its job's ``done`` is set once it finished (``req.result``) or failed (``error``)."""
         job = _Job(input_ids, params, seed)
         with self.cv:
             self.waiting.append(job)
             self.cv.notify()
+        return job
+
+    def submit(self, input_ids: list[int], params: SamplingParams, seed: int) -> GenerationResult:
+        job = self.enqueue(input_ids, params, seed)
         job.done.wait()
         if job.error is not None:
             raise job.error
         return job.req.result
 
-    def _admit(self) -> None:
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.waiting and not self.running:
+                    self.cv.wait()
+            self.step()
+
+    def step(self) -> str | None:
+        """One scheduler step: "prefill" (the waiting requests that fit were prefilled), "decode" (one round of
+        every running request), or None (nothing to do)."""
         with self.cv:
-            while not self.waiting and not self.running:
-                self.cv.wait()
             fresh = []
             while self.waiting and len(self.running) + len(fresh) < self.max_running:
                 fresh.append(self.waiting.popleft())
-        for job in fresh:
-            try:
-                job.req = self.engine.start(job.input_ids, job.params, seed=job.seed)
-            except BaseException as exc:  # a bad request fails alone
-                job.error = exc
-                job.done.set()
-                continue
-            self.running.append(job)
-
-    def _loop(self) -> None:
-        while True:
-            self._admit()
+        if fresh:
+            for job in fresh:
+                try:
+                    job.req = self.engine.start(job.input_ids, job.params, seed=job.seed)
+                except BaseException as exc:  # a bad request fails alone
+                    job.error = exc
+                    job.done.set()
+                    continue
+                self.running.append(job)
+            self.prefill_steps += 1
+            kind: str | None = "prefill"
+        else:
             live = [j for j in self.running if not j.req.done]
+            kind = "decode" if live else None
             if live:
-                bs = len(live)
-                budget = self.budget_for(bs) if self.engine.algorithm != "NONE" else None
-                t0 = time.perf_counter()
-                entries = []
-                for job in live:
-                    try:
-                        before = job.req.result.verify_rounds
-                        self.engine.step(job.req, budget)
-                        if job.req.result.verify_rounds > before:
-                            entries.append(job.req.result.round_entries[-1])
-                    except BaseException as exc:
-                        log.exception("decoding step failed")
-                        job.error = exc
-                width = self.engine.round_width(budget)
-                wait = self.step_ms / 1e3 + self.cost_us * bs * width / 1e6
-                if wait > 0:
-                    time.sleep(wait)
-                self.steps += 1
-                if self.totals is not None and entries:
-                    with self.totals_lock:
-                        self.totals.add_round(width, self.engine.algorithm == "DFLASH" or budget == 0, entries)
-                        self.totals.observe_round(width, time.perf_counter() - t0)
-            for job in [j for j in self.running if j.error is not None or j.req.done]:
-                self.running.remove(job)
-                job.done.set()
+                self._decode(live)
+        for job in [j for j in self.running if j.error is not None or j.req.done]:
+            self.running.remove(job)
+            job.done.set()
+        return kind
+
+    def _decode(self, live: list[_Job]) -> None:
+        bs = len(live)
+        budget = None
+        if self.engine.algorithm != "NONE":
+            budget = self.budget_for(bs)
+            if self.hysteresis is not None:
+                budget = self.hysteresis.step(budget)
+        t0 = time.perf_counter()
+        entries = []
+        for job in live:
+            try:
+                before = job.req.result.verify_rounds
+                self.engine.step(job.req, budget)
+                if job.req.result.verify_rounds > before:
+                    entries.append(job.req.result.round_entries[-1])
+            except BaseException as exc:
+                log.exception("decoding step failed")
+                job.error = exc
+        width = self.engine.round_width(budget)
+        wait = self.step_ms / 1e3 + self.cost_us * bs * width / 1e6
+        if wait > 0:
+            time.sleep(wait)
+        self.steps += 1
+        if self.totals is not None and entries:
+            with self.totals_lock:
+                self.totals.add_round(width, self.engine.algorithm == "DFLASH" or budget == 0, entries)
+                self.totals.observe_round(width, time.perf_counter() - t0)
 
 
 class EngineServer(ThreadingHTTPServer):

@@ -11,6 +11,14 @@ threshold ``<= bs``. ``1:64,8:32,16:16,32:0`` = b64 below 8, b32 from 8, b16 fro
 shape SGLang's ``--speculative-adaptive`` uses, keyed by batch size: ``{"1": 64, "8": 32, "16": 16, "32": 0}``
 (inline, or a path to a ``.json`` file holding it); it parses to the same ``Schedule``.
 
+Hysteresis (:class:`Hysteresis`; the server's ``--speculative-ddtree-schedule-hold N``, default
+:data:`DEFAULT_HOLD`): the schedule is keyed on the size of the decode batch only (prefill steps are not rounds), and a
+round changes budget only once its batch size has wanted the new one for ``N`` decode rounds in a row, so a batch
+size that oscillates across a threshold does not flip the width every round. It picks among the budgets the
+schedule has, never another width; with CUDA graphs only among those captured at the round's padded size. The
+widest budget's graphs, buffers and KV stay reserved whatever runs: they are sized at start-up (the SGLang glue's
+``graph_widths`` says exactly what and why only a restart gives them back).
+
 Pure Python (stdlib only, no torch): the serving glue (``ddtree_v2.config``), the online refit in the worker and
 the product's ``tune`` command all share it. Vendored with the runtime; importable by path on its own
 (register the module in ``sys.modules`` before executing it, as ``importlib`` loaders do: it holds a dataclass).
@@ -184,6 +192,78 @@ def parse_schedule(text: str, *, source: str = "schedule") -> Schedule:
         entries = tuple(parsed)
     _check_entries(entries, source)
     return Schedule(entries)
+
+
+#: Decode rounds a new budget must be wanted in a row before a round runs it (``--speculative-ddtree-schedule-hold``).
+DEFAULT_HOLD = 8
+
+
+def check_hold(value: object, *, source: str = "hold") -> int:
+    """A hold (decode rounds, an integer >= 0) from a flag's value (an int, or its text); a :class:`ScheduleError`
+    starting with ``source`` (the flag's name) for anything else. 0 and 1 both mean no hold."""
+    if isinstance(value, bool):
+        raise ScheduleError(f"{source}: expected a number of decode rounds (an integer >= 0), got {value!r}")
+    if isinstance(value, str):
+        value = _int(value, "hold", source)
+    if not isinstance(value, int):
+        raise ScheduleError(f"{source}: expected a number of decode rounds (an integer >= 0), got {value!r}")
+    if value < 0:
+        raise ScheduleError(f"{source}: must be >= 0 decode rounds (0 or 1 = no hold), got {value}")
+    return value
+
+
+class Hysteresis:
+    """Which budget a decode round runs, given the budget its batch size wants: a change of budget waits until the
+    new one has been wanted ``hold`` decode rounds in a row (that round runs it; the ``hold - 1`` before keep the old
+    one). A wanted budget equal to the running one clears the count. ``hold`` 0 or 1: every round runs what it wants.
+
+    Feed it decode rounds only (the batch size of the decode batch, never of a prefill / extend batch): a prefill
+    step is no call, so it neither counts toward a change nor resets the count. The budget run is always one the
+    caller wanted at some round (it never makes a width up); ``allowed``, where given, is what this round *can* run
+    (with CUDA graphs: what was captured at its padded batch size): a running budget outside it gives way at once to
+    the wanted one (a forced switch, counted in :attr:`forced`). Consequences: between two switches that are not
+    forced there are at least ``hold`` rounds, so a batch size oscillating across a schedule threshold changes the
+    width at most once every ``hold`` rounds; a steady change switches at its ``hold``-th round. Pure and
+    deterministic (a function of the sequence of calls), so every tensor-parallel rank, fed the same batch sizes,
+    picks the same width."""
+
+    def __init__(self, hold: int = DEFAULT_HOLD):
+        self.hold = check_hold(hold)
+        self.current: Optional[int] = None  # the budget the last round ran (None before the first)
+        self.pending: Optional[int] = None  # the budget wanted instead, and in how many rounds in a row
+        self.count = 0
+        self.rounds = 0
+        self.switches = 0  # changes of budget (forced ones included)
+        self.forced = 0
+        self.held = 0  # rounds that ran another budget than the one they wanted
+
+    def step(self, wanted: int, allowed: Optional[Iterable[int]] = None) -> int:
+        """The budget this decode round runs (see the class docstring)."""
+        wanted = int(wanted)
+        runnable = None if allowed is None else {int(b) for b in allowed}
+        if runnable is not None and wanted not in runnable:
+            raise ValueError(f"the wanted budget {wanted} is not among this round's runnable budgets "
+                             f"{sorted(runnable)}")
+        self.rounds += 1
+        if self.current is None:
+            self.current = wanted
+        elif wanted == self.current:
+            self.pending, self.count = None, 0
+        elif runnable is not None and self.current not in runnable:
+            self._switch(wanted)
+            self.forced += 1
+        else:
+            self.count = self.count + 1 if wanted == self.pending else 1
+            self.pending = wanted
+            if self.count >= self.hold:
+                self._switch(wanted)
+            else:
+                self.held += 1
+        return self.current
+
+    def _switch(self, budget: int) -> None:
+        self.current, self.pending, self.count = budget, None, 0
+        self.switches += 1
 
 
 #: Where a request carries its own DDTree settings: the ``ddtree`` key of SGLang's ``custom_params`` (the sampling

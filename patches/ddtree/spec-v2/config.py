@@ -19,13 +19,17 @@ refused at start-up with the reason unless ``--speculative-ddtree-allow-unproven
 all is refused always (for the attention backends, as their rows say).
 
 Flags that would do nothing are refused at start-up too, with the reason (:func:`check_algorithm`,
-:func:`post_resolve`): ``--speculative-ddtree-adapt``, ``--speculative-ddtree-allow-unproven`` or the internal
-``--speculative-ddtree-schedule`` without ``--speculative-ddtree-budget``; the schedule flag beside a budget given
+:func:`post_resolve`): ``--speculative-ddtree-adapt``, ``--speculative-ddtree-allow-unproven``,
+``--speculative-ddtree-schedule-hold`` or the internal ``--speculative-ddtree-schedule`` without
+``--speculative-ddtree-budget``; the schedule flag beside a budget given
 on the command line (the budget flag takes schedules; this one only records the resolved schedule, and resolution
 would replace it); and ``--speculative-ddtree-allow-unproven`` when the resolved arguments name nothing unproven
 (with the attention backend known at resolution, which it is on every spec-v2 base: an unset backend resolves to
 triton or is chosen before DDTree's check). It stays the gate of what is wired but unproven: the wired-unproven
-attention backends (``backends.py``), TP > 1, constrained decoding, a compact draft window.
+attention backends (``backends.py``), TP > 1, constrained decoding, a compact draft window. The hold
+(``--speculative-ddtree-schedule-hold N``: decode rounds a schedule's new budget must be wanted in a row before a
+round runs it; default 8, 0 or 1 = none) is accepted beside any budget, a single one included, where it holds
+nothing: a budget ``tune`` fits may be single while the launch line keeps the flag, and such a server must start.
 """
 from __future__ import annotations
 
@@ -48,6 +52,10 @@ UNPROVEN_GATES = (*(f"--attention-backend {b}" for b in with_status(WIRED_UNPROV
                   "--tp-size > 1", "a --grammar-backend other than none", "--speculative-draft-window-size")
 #: The internal flag that records the resolved schedule (0.5.17's series; absent on the other bases).
 SCHEDULE_FLAG = "--speculative-ddtree-schedule"
+#: Decode rounds a schedule's new budget must be wanted in a row before a round runs it (runtime
+#: ``schedule.Hysteresis``; unset = ``schedule.DEFAULT_HOLD``, 0 or 1 = no hold). Declared on every spec-v2 base; a
+#: single budget without adaptation has one width, so there it holds nothing.
+HOLD_FLAG = "--speculative-ddtree-schedule-hold"
 
 
 def _view(server_args: Any) -> Any:
@@ -141,6 +149,27 @@ def adapt_on(args: Any) -> bool:
     return bool(getattr(_view(args), "speculative_ddtree_adapt", False))
 
 
+def check_hold(value: Any) -> int:
+    """The hold flag's value checked (an integer >= 0; None = the default); a ValueError naming the flag."""
+    sched = _schedule_mod()
+    if value is None:
+        return int(sched.DEFAULT_HOLD)
+    try:
+        return sched.check_hold(value, source=HOLD_FLAG)
+    except sched.ScheduleError as e:
+        raise ValueError(f"{e}.") from None
+
+
+def schedule_hold(args: Any) -> int:
+    """The hold of server arguments (or a config bag): the flag's value, the runtime's default where unset."""
+    return check_hold(getattr(_view(args), "speculative_ddtree_schedule_hold", None))
+
+
+def hysteresis(args: Any) -> Any:
+    """A fresh runtime ``schedule.Hysteresis`` at the hold of server arguments (one per DDTree worker)."""
+    return _schedule_mod().Hysteresis(schedule_hold(args))
+
+
 def schedule_of(args: Any) -> Any:
     """The resolved schedule of server arguments (or a config bag), None with DDTree off."""
     args = _view(args)
@@ -169,6 +198,11 @@ def check_algorithm(server_args: Any) -> None:
         if recorded:
             raise ValueError(f"{SCHEDULE_FLAG} {recorded} does nothing without {BUDGET_FLAG}: a schedule is given "
                              f"as {BUDGET_FLAG} {recorded} ({SCHEDULE_FLAG} only records the resolved one).")
+        hold = getattr(server_args, "speculative_ddtree_schedule_hold", None)
+        if hold is not None:
+            check_hold(hold)  # a bad value is named as such first
+            raise ValueError(f"{HOLD_FLAG} {hold} does nothing without {BUDGET_FLAG}: it delays a budget "
+                             "schedule's changes of width; drop it, or turn DDTree on with a schedule.")
         return
     if server_args.speculative_algorithm != "DFLASH":
         raise ValueError("--speculative-ddtree-budget requires --speculative-algorithm DFLASH (DDTree builds its "
@@ -187,6 +221,7 @@ def pre_resolve(server_args: Any) -> Any:
     value = getattr(server_args, "speculative_ddtree_budget", None)
     if value is None:
         return None
+    check_hold(getattr(server_args, "speculative_ddtree_schedule_hold", None))
     recorded = getattr(server_args, "speculative_ddtree_schedule", None)
     resolved_before = isinstance(value, int) and not isinstance(value, bool) and recorded
     if recorded and not resolved_before:
@@ -325,10 +360,14 @@ def post_resolve(server_args: Any, parsed: Any, *, grammar_in_worker: bool = Tru
                   speculative_ddtree_budget=schedule.max_budget)
     if hasattr(server_args, "speculative_ddtree_schedule") or not schedule.is_single:
         fields["speculative_ddtree_schedule"] = str(schedule)
+    hold = schedule_hold(server_args)
+    if hasattr(server_args, "speculative_ddtree_schedule_hold"):  # the effective hold, shown by /get_server_info
+        fields["speculative_ddtree_schedule_hold"] = hold
     resolution_write(server_args, "ddtree.post_resolve", **fields)
-    logger.info("DDTree enabled: budget schedule %s%s%s, widest verify %d, draft block size %d.", schedule,
+    several = not schedule.is_single or adapt_on(server_args)
+    logger.info("DDTree enabled: budget schedule %s%s%s, widest verify %d, draft block size %d%s.", schedule,
                 " (auto)" if parsed is AUTO else "", ", adapted online" if adapt_on(server_args) else "", width,
-                block_size)
+                block_size, f", a change of width held {hold} decode rounds" if several and hold > 1 else "")
 
 
 def enabled(server_args: Any) -> bool:

@@ -10,6 +10,23 @@ sizing at start-up, the warm-up forward) it is the widest verify, so every buffe
 Width at a budget: ``budget + 1`` tree nodes, or the chain's block at budget 0, whose graph is captured exactly as
 the stock chain's (no tree mask: the chain's causal verify). A single budget N makes no ``RunnerWidths`` at all:
 the runner keeps its one width, byte for byte the proven single-budget path.
+
+What the widest width keeps reserved, whatever budget the rounds run (the chain for hours included), and why only a
+restart gives it back: everything it sizes is sized once, at start-up. (1) The target's decode graph runner sizes
+its static buffers (input ids, positions, KV slot locations: largest captured batch x widest verify) and the verify
+mask buffer before any size is selected, i.e. at the widest verify, and every captured graph reads them in place;
+the graphs themselves live in one private memory pool, which torch frees only when every graph in it is destroyed,
+and SGLang has no way to capture its decode graphs again while it serves. (2) The draft graph's tail holds one tree
+builder per budget of the schedule, each with fixed buffers for the largest captured batch, read in place by the
+draft graph. (3) The KV pool was sized at start-up (its token count, ``max_total_num_tokens``, from the static
+memory fraction; SGLang does not resize it while serving) and its per-request rows (``req_to_token``) are the context
+length plus the widest verify wide (``kv_cache_configurator``). (4) Each running request's lookahead
+(``config.kv_reservation``: committed + block + widest verify slots, out of that pool) is not a start-up size but is
+not given back either: the scheduler allocates it in ``prepare_for_decode``, before the worker's round picks its
+width, and an allocation never shrinks below what a request already holds (``max(allocated, ...)``), so those slots
+return to the pool when the request finishes. A lookahead sized by the next round's width (which the hysteresis
+makes known at that point) would only make later allocations smaller; it is not built. The hysteresis
+(``runtime schedule.Hysteresis``) changes none of (1)-(4): it only delays a change between the widths captured here.
 """
 from __future__ import annotations
 

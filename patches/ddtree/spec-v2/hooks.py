@@ -14,10 +14,12 @@ import sys
 from typing import Any
 
 _FLAGS = ("speculative_ddtree_adapt", "speculative_ddtree_allow_unproven", "speculative_ddtree_schedule")
+#: DDTree's flags whose 0 is a value given (set when not None).
+_VALUE_FLAGS = ("speculative_ddtree_budget", "speculative_ddtree_schedule_hold")
 
 
 def _ddtree_flags(server_args: Any) -> bool:
-    return getattr(server_args, "speculative_ddtree_budget", None) is not None or any(
+    return any(getattr(server_args, flag, None) is not None for flag in _VALUE_FLAGS) or any(
         getattr(server_args, flag, None) for flag in _FLAGS)
 
 

@@ -31,7 +31,7 @@ import torch
 from .compat import base_name, next_draft_input_decode
 from .adapt import Adaptation
 from .backends import BACKENDS, PROVEN, REFUSED, name_of_class
-from .config import UNPROVEN_FLAG, adapt_on, enabled, max_verify_width, resolved, schedule_of
+from .config import UNPROVEN_FLAG, adapt_on, enabled, hysteresis, max_verify_width, resolved, schedule_of
 from .draft_schedule import ScheduledDraftHead, chain_head
 from .draft_topk import DraftTreeBuilder, DraftTreeOut, runtime
 from .graph_widths import pad_to_captured
@@ -94,6 +94,8 @@ class DDTreeRound:
         self.adapt_on = adapt_on(server_args)
         self.adapt: Optional[Adaptation] = None  # made at the first round (needs the capture sizes, the device)
         self.has_chain = 0 in self.schedule.budgets or self.adapt_on
+        # a change of budget waits until the decode batch has wanted it `hold` rounds in a row (tree_round)
+        self.hysteresis = hysteresis(server_args)
         self.allow_unproven = bool(getattr(server_args, "speculative_ddtree_allow_unproven", False))
         self.backend_name = "triton"
         self.prefix_cols = False
@@ -234,9 +236,21 @@ class DDTreeRound:
             self._capture_bs = lists.get("draft") or lists.get("target") or []
         return self._capture_bs
 
+    def runnable(self, padded: int, sizes: Optional[list[int]]) -> set[int]:
+        """The budgets a round at the padded size ``padded`` can run. A captured size replays the graphs captured at
+        start-up: the draft graph's tail there built the tree of its own budget only (or ran the chain's head), and
+        the target's graph there has that width (``draft_schedule``, ``graph_widths``); with adaptation the chain's
+        too. Eagerly (no graphs, or a batch above the largest captured size) any budget of the schedule."""
+        if sizes and padded in sizes:
+            return {int(self.schedule.budget_for(padded))} | ({0} if self.adapt_on else set())
+        return set(self.schedule.budgets) | ({0} if self.adapt_on else set())
+
     def tree_round(self, worker: Any, bs: int) -> bool:
-        """Pick this round's budget from the padded (captured) batch size, before anything is built: True for a
-        tree round; False = budget 0, the stock chain round runs (its draft head, causal verify and commit)."""
+        """Pick this round's budget from the padded (captured) size of the decode batch (this is called for decode
+        rounds only, never for a prefill), before anything is built: the schedule's (or the adaptation's) budget for
+        it, through the hysteresis (a change waits until it was wanted ``--speculative-ddtree-schedule-hold`` rounds
+        in a row, among the budgets this round can run: :meth:`runnable`). True for a tree round; False = budget 0,
+        the stock chain round runs (its draft head, causal verify and commit)."""
         if self.schedule.is_single and not self.adapt_on:
             self.metrics.begin(bs, self.budget)
             return True
@@ -249,6 +263,7 @@ class DDTreeRound:
                                         sizes=sizes or range(1, 257), device=worker.device)
             self.adapt.tick()
             budget = self.adapt.budget_for(padded, budget)
+        budget = int(self.hysteresis.step(budget, self.runnable(padded, sizes)))
         self.budget, self.n1 = budget, budget + 1
         if budget == 0:
             self.chain_rounds += 1
