@@ -56,10 +56,10 @@ def summarize(reply: dict[str, Any]) -> dict[str, Any]:
     before, after = m.acceptance(reply.get("before") or ""), m.acceptance(reply.get("after") or "")
     if before is None or after is None:
         return unavailable("/metrics has none of DDTree's counters")
-    seconds = float(reply["seconds"])
+    seconds = round(float(reply["seconds"]), 4)  # the figure given as window_s, and the one divided by
     drafts, accepted = after["drafts"] - before["drafts"], after["accepted_tokens"] - before["accepted_tokens"]
     total = {"drafts": int(after["drafts"]), "accepted_tokens": int(after["accepted_tokens"])}
-    out: dict[str, Any] = {"window_s": round(seconds, 3),
+    out: dict[str, Any] = {"window_s": seconds,
                            "mean_acceptance_length_since_start": _accept_length(after["drafts"], after["accepted_tokens"])}
     if drafts < 0 or accepted < 0:
         return {**unavailable("the server's counters went back during the window (it restarted)"), **out,
@@ -98,13 +98,13 @@ def cells(live: dict[str, Any]) -> list[str]:
     status = live.get("status")
     if status == "decoding":
         w = live["window"]
-        note = (f"last {live['window_s']} s: {w['tokens']} tokens in {w['drafts']} drafts; accept length since "
+        note = (f"last {round(live['window_s'], 3)} s: {w['tokens']} tokens in {w['drafts']} drafts; accept length since "
                 f"start {live['mean_acceptance_length_since_start']}")
         return [str(live["mean_acceptance_length"]), str(live["decode_tokens_per_s"]), note]
     if status == "idle":
         since = live.get("mean_acceptance_length_since_start")
         return [f"{since} (since start)" if since is not None else "-", "idle",
-                f"last {live['window_s']} s: nothing decoded"]
+                f"last {round(live['window_s'], 3)} s: nothing decoded"]
     return ["-", "-", str(live.get("reason") or "unavailable")]
 
 

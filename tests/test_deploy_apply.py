@@ -317,7 +317,7 @@ def test_releases_shows_the_servers_live_accept_length_and_tok_s(e2e):
     w = doc["window"]
     assert 0 < w["drafts"] <= c2[0] - c1[0] and w["tokens"] == w["drafts"] + w["accepted_tokens"]
     assert doc["mean_acceptance_length"] == round(1 + w["accepted_tokens"] / w["drafts"], 3)
-    assert doc["decode_tokens_per_s"] == pytest.approx(w["tokens"] / doc["window_s"], rel=1e-3)
+    assert doc["decode_tokens_per_s"] == round(w["tokens"] / doc["window_s"], 1)
     assert set(doc["definitions"]) >= {"mean_acceptance_length", "decode_tokens_per_s"}
 
     down = run_cli("releases", host.name, env=env, columns=200)

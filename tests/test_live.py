@@ -30,6 +30,8 @@ def test_a_window_with_rounds_gives_its_accept_length_and_tokens_per_second(tota
     assert doc["window"] == {"drafts": 3, "accepted_tokens": 11, "tokens": 14}
     assert doc["mean_acceptance_length"] == round(1 + 11 / 3, 3)
     assert doc["decode_tokens_per_s"] == 28.0  # (3 drafts + 11 accepted) / 0.5 s
+    odd = live.summarize({"before": before, "after": _scrape(totals), "seconds": 0.49451})
+    assert odd["window_s"] == 0.4945 and odd["decode_tokens_per_s"] == round(14 / odd["window_s"], 1)
     assert doc["mean_acceptance_length_since_start"] == round(1 + 15 / 5, 3)
     assert doc["since_start"] == {"drafts": 5, "accepted_tokens": 15}
     accept, speed, note = live.cells(doc)
