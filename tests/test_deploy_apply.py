@@ -7,16 +7,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 from ddtree_deploy.deploy import plan
+from ddtree_deploy.hostbench import metrics_module
 from ddtree_deploy.release import ReleaseManager
-from ddtree_deploy.server import ServerControl
+from ddtree_deploy.server import ServerControl, base_url
 from ddtree_deploy.snapshot import SnapshotStore
 from ddtree_deploy.transport import HostConnection
 from standin.helpers import remove_root, write_host_yaml
@@ -139,14 +145,51 @@ def test_reapply_is_unchanged_and_force_redoes_it(e2e):
         assert ServerControl(conn).status()["pid"] != pid
 
 
+# the host's own traffic during the live windows: greedy requests in a loop on the host until the stop file appears
+_TRAFFIC = r'''
+import json, os, sys, time, urllib.request
+url, stop, until = sys.argv[1], sys.argv[2], time.time() + 60
+body = json.dumps({"text": "Once upon a time", "sampling_params": {"temperature": 0.0, "max_new_tokens": 24}}).encode()
+while time.time() < until and not os.path.exists(stop):
+    urllib.request.urlopen(urllib.request.Request(url + "/generate", data=body), timeout=30).read()
+'''
+
+
+def _traffic(host, stop):
+    with HostConnection(host) as conn:
+        conn.run(f"{shlex.quote(host.python)} -c {shlex.quote(_TRAFFIC)} {base_url(host)} {stop}", timeout=90,
+                 check=False)
+
+
+def _counters(conn, host):
+    """The server's DDTree counters now (drafts, accepted draft tokens), read on the host as the live columns are."""
+    m = metrics_module()
+    acc = m.acceptance(conn.call("probe", "metrics", url=base_url(host), prefix=m.PREFIX, timeout=30) or "")
+    return (int(acc["drafts"]), int(acc["accepted_tokens"])) if acc else (0, 0)
+
+
+def _live_row(stdout):
+    """The live table's row as printed: [accept length, decode tok/s, over]."""
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "live (the server's DDTree counters" in line)
+    row = next(line.strip() for line in lines[at + 1:] if line.lstrip().startswith("│"))
+    return [c.strip() for c in row.strip("│").split("│")]
+
+
 def test_probe_shows_ddtree_budget_accept_length_and_tok_s(e2e):
     host, env = e2e
-    proc = _cli(env, "probe", host.name)
+    proc = _cli({**env, "COLUMNS": "200"}, "probe", host.name, "--live-window", "0.5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = " ".join(proc.stdout.split())
     assert "DDTree: DDTREE budget 16 · accept length" in text and "(server avg" in text
     assert "tok/s (probe's requests)" in text and "tok/s (server" not in text
     assert text.count("DDTree: DDTREE budget 16") == 1  # one line, not two
+    # issue #30.6: and live, from the server's counters after the probe: nothing decoded in the window, so "idle"
+    # (no speed made up) and the accept length since start, exactly the counters' 1 + accepted / drafts
+    with HostConnection(host) as conn:
+        drafts, accepted = _counters(conn, host)
+    accept, speed, over = _live_row(proc.stdout)
+    assert speed == "idle" and accept == f"{round(1 + accepted / drafts, 3)} (since start)" and "nothing decoded" in over
 
 
 def test_drift_after_the_snapshot_is_refused_and_allow_base_drift_is_loud(e2e, sandbox):
@@ -238,3 +281,48 @@ def test_cli_fleet_recap_and_retry_file(e2e, tmp_path, sandbox):
         assert _state(drift)[0]["state"]["releases"] == []
     finally:
         remove_root(drift)
+
+
+def test_releases_shows_the_servers_live_accept_length_and_tok_s(e2e):
+    """Issue #30.6: the live columns agree with the server's own counters: while the host serves traffic, releases
+    prints 1 + accepted / drafts and the tokens per second of its window, whose counts lie within what the counters
+    grew by around the command (and --json the same figures under their definitions' names); with the server down
+    it shows "-" and the reason, and still succeeds (the idle case: test_probe_shows_ddtree_budget_...)."""
+    host, env = e2e
+    stop = f"{host.release_root}/stop-live-traffic"
+    traffic = threading.Thread(target=_traffic, args=(host, stop))
+    with HostConnection(host) as conn:
+        c0 = _counters(conn, host)
+        traffic.start()
+        try:
+            deadline = time.time() + 20
+            while _counters(conn, host) == c0 and time.time() < deadline:  # the traffic has reached the server
+                time.sleep(0.1)
+            c1 = _counters(conn, host)
+            text = run_cli("releases", host.name, "--live-window", "1", env=env, columns=200)
+            doc = json.loads(run_cli("releases", host.name, "--live-window", "0.5", "--json", env=env).stdout)["live"]
+            c2 = _counters(conn, host)
+        finally:
+            conn.run(f"touch {stop}")
+            traffic.join(60)
+        ServerControl(conn).stop()
+    assert text.returncode == 0, text.stdout + text.stderr
+    accept, speed, over = _live_row(text.stdout)
+    tokens, drafts = (int(x) for x in re.search(r"(\d+) tokens in (\d+) drafts", over).groups())
+    seconds = float(re.search(r"last ([\d.]+) s", over).group(1))
+    assert 0 < drafts <= c2[0] - c1[0] and tokens - drafts <= c2[1] - c1[1]
+    assert float(accept) == pytest.approx(1 + (tokens - drafts) / drafts, abs=1e-3)
+    assert float(speed) == pytest.approx(tokens / seconds, rel=1e-3, abs=0.1) and float(speed) > 0
+    assert doc["status"] == "decoding" and 0.4 <= doc["window_s"] < 1.5
+    w = doc["window"]
+    assert 0 < w["drafts"] <= c2[0] - c1[0] and w["tokens"] == w["drafts"] + w["accepted_tokens"]
+    assert doc["mean_acceptance_length"] == round(1 + w["accepted_tokens"] / w["drafts"], 3)
+    assert doc["decode_tokens_per_s"] == round(w["tokens"] / doc["window_s"], 1)
+    assert set(doc["definitions"]) >= {"mean_acceptance_length", "decode_tokens_per_s"}
+
+    down = run_cli("releases", host.name, env=env, columns=200)
+    assert down.returncode == 0, down.stdout + down.stderr
+    row = _live_row(down.stdout)
+    assert row[:2] == ["-", "-"] and "GET /metrics failed" in row[2] and "refused" in row[2]
+    doc = json.loads(run_cli("releases", host.name, "--json", env=env).stdout)["live"]
+    assert doc["status"] == "unavailable" and doc["decode_tokens_per_s"] is None and "refused" in doc["reason"]

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 
 from .. import deploy as deploy_mod
-from .. import hostops
+from .. import hostops, live as live_mod
 from ..console import emit_json, err, out, table
 from ..deploy import ApplyReport
 from .. import paths
@@ -30,6 +30,14 @@ from ._options import (AllHostsOpt, BreakLockOpt, DryRunOpt, HostArg, HostOpt, H
                        LimitOpt, many_hosts, one_host)
 
 
+
+LiveWindowOpt = typer.Option(
+    live_mod.DEFAULT_WINDOW, "--live-window", min=0.0, max=600.0, envvar="DDTREE_LIVE_WINDOW", help="seconds between the two reads of the server's DDTree "
+    "counters (/metrics, read on the host) that give the live columns: accept length = 1 + accepted draft tokens / "
+    "drafts over those seconds; decode tok/s = tokens the verify rounds committed per second over them (drafts + "
+    "accepted draft tokens; prefill's first token not counted); 'idle' when the server decoded nothing then (the "
+    "accept length is then the one since the server started); '-' with the reason when the server is down or "
+    "serves no DDTree counters; 0 skips the read")
 
 EngineOpt = typer.Option("builtin", "--engine", help="builtin (this tool's own SSH and thread pool) or ansible (the "
                          "ddtree.deploy collection through ansible-runner: needs the [ansible] extra)")
@@ -56,6 +64,12 @@ def print_probe(result: ProbeResult) -> None:
     if failed and failed.log_tail:
         out.print(f"[bold]log tail ({failed.name}):[/bold]")
         out.print(failed.log_tail, markup=False, highlight=False)
+
+
+def print_live(host: str, live: dict[str, Any]) -> None:
+    """The live table: the server's mean acceptance length and decode tok/s now (``live.read_live``)."""
+    out.print(table(f"{host}: live (the server's DDTree counters)",
+                    ["accept length", "decode tok/s", "over"], [live_mod.cells(live)]))
 
 
 def print_report(report: ApplyReport, *, show_diff: bool = False) -> None:
@@ -254,13 +268,16 @@ def probe_cmd(
                                          "replies as the baseline on the host, restart as configured, then probe"),
     with_ddtree: bool = typer.Option(False, "--with-ddtree", help="record the baseline with DDTree on instead"),
     dry_run: bool = typer.Option(False, "--dry-run", help="with --record-baseline: say what it would restart and write"),
+    live_window: float = LiveWindowOpt,
     engine: str = EngineOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Probe a host's running server: overlay in use, kernel self-test, start-up/health, generation vs baseline; then
-    what DDTree does there (budget, accept length, tok/s). A release left switched in but unprobed by a run that
-    vanished is probed and kept if it passes, else rolled back (said either way)."""
+    what DDTree does there (budget, accept length, tok/s of the probe's own requests), and live, from the server's
+    DDTree counters after the probe: its accept length and decode tok/s over the last --live-window seconds ("idle"
+    when it decoded nothing then; "-" and the reason when it is down). A release left switched in but unprobed by
+    a run that vanished is probed and kept if it passes, else rolled back (said either way)."""
     h = one_host(host, host_opt, inventory)
     if _engine(engine) == "ansible":
         if record_baseline:
@@ -291,12 +308,14 @@ def probe_cmd(
                 out.print(f"  {i}. {step}", markup=False, highlight=False)
             out.print("dry run: nothing was touched")
         raise typer.Exit(0)
+    live = live_mod.read_live(h, live_window)
     if as_json:
-        emit_json({**result.to_dict(), "baseline_recorded": bool(baseline), "flag_drift": drift})
+        emit_json({**result.to_dict(), "baseline_recorded": bool(baseline), "flag_drift": drift, "live": live})
     else:
         if baseline:
             out.print(f"baseline recorded on {h.name}: {len(baseline['outputs'])} prompts, DDTree {'on' if baseline['ddtree'] else 'off'}")
         print_probe(result)
+        print_live(h.name, live)
     raise typer.Exit(0 if result.ok else EXIT_FAILED)
 
 
@@ -344,12 +363,16 @@ def releases_cmd(
     host: Optional[str] = HostArg,
     host_opt: Optional[str] = HostOpt,
     journal: int = typer.Option(10, "--journal", help="journal lines to show"),
+    live_window: float = LiveWindowOpt,
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """The releases on a host: which is active, which is the rollback target, which are bad; the lock; the journal."""
+    """The releases on a host: which is active, which is the rollback target, which are bad; the lock; the journal;
+    and live, from the server's DDTree counters: its accept length and decode tok/s over the last --live-window
+    seconds ("idle" when it decoded nothing then; "-" and the reason when it is down: the command still succeeds)."""
     h = one_host(host, host_opt, inventory)
     info = hostops.releases(h, journal)
+    info["live"] = live_mod.read_live(h, live_window)
     if as_json:
         emit_json(info)
         return
@@ -364,6 +387,7 @@ def releases_cmd(
                      r.get("created"), r.get("note", "")[:60]])
     out.print(table(f"{h.name}: releases under {info['root']} (current → {info['current'] or 'nothing'})",
                     ["id", "status", "", "patch set", "base", "created", "note"], rows))
+    print_live(h.name, info["live"])
     if st.active is None:
         out.print("no overlay active: the server imports the installed package")
     pending = st.pending

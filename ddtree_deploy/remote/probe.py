@@ -331,22 +331,49 @@ def _generate(url, prompts, max_new_tokens, budget):
     return results
 
 
-def metrics(url, prefix, timeout=5.0):
-    """The lines of the server's ``/metrics`` (Prometheus text) whose family starts with ``prefix`` (DDTree's), read
-    on the host itself (the port is never reached from outside); None when the server serves no /metrics (SGLang
-    without --enable-metrics) or none of those families."""
+def _scrape(url, prefix, timeout):
+    """(the lines of the server's ``/metrics`` whose family starts with ``prefix``, None) or (None, why not)."""
     try:
         code, body = _http(url.rstrip("/") + "/metrics", timeout)
-    except Exception:
-        return None
+    except Exception as exc:
+        return None, "GET /metrics failed: %s" % (getattr(exc, "reason", None) or exc)
     if code != 200:
-        return None
+        return None, "GET /metrics answered HTTP %d (SGLang serves it with --enable-metrics)" % code
+
     def ours(line):  # a sample of the families, or their "# HELP name" / "# TYPE name" line
         name = (line.split(" ", 3)[2:3] or [""])[0] if line.startswith("# ") else line
         return name.startswith(prefix)
 
     lines = [line for line in body.decode("utf-8", "replace").splitlines() if ours(line)]
-    return "\n".join(lines) + "\n" if any(not line.startswith("#") for line in lines) else None
+    if not any(not line.startswith("#") for line in lines):
+        return None, "/metrics has none of the %s* families (no DDTree release serving, or no round decoded yet)" % prefix
+    return "\n".join(lines) + "\n", None
+
+
+def metrics(url, prefix, timeout=5.0):
+    """The lines of the server's ``/metrics`` (Prometheus text) whose family starts with ``prefix`` (DDTree's), read
+    on the host itself (the port is never reached from outside); None when the server serves no /metrics (SGLang
+    without --enable-metrics) or none of those families."""
+    return _scrape(url, prefix, timeout)[0]
+
+
+def metrics_window(url, prefix, seconds, timeout=5.0):
+    """Two reads of ``/metrics`` (the families starting with ``prefix``) ``seconds`` apart, on the host itself:
+    {"before", "after", "seconds"}, ``seconds`` measured here between the middles of the two reads (no SSH in it);
+    or {"error": why} when the server does not answer or serves none of them (the second read's reason if only it
+    failed: a server that went down in between)."""
+    t0 = time.time()
+    before, why = _scrape(url, prefix, timeout)
+    t1 = time.time()
+    if before is None:
+        return {"error": why}
+    time.sleep(max(0.0, float(seconds) - (t1 - t0)))
+    t2 = time.time()
+    after, why = _scrape(url, prefix, timeout)
+    t3 = time.time()
+    if after is None:
+        return {"error": why}
+    return {"before": before, "after": after, "seconds": round((t2 + t3 - t0 - t1) / 2.0, 4)}
 
 
 def workload(url, prompts, max_new_tokens, concurrency=1, budget=300.0, temperature=0.0, metrics_prefix=None):
@@ -423,4 +450,5 @@ def write_json(path, data):
 
 
 OPS = {"inspect": inspect, "gpu": gpu, "selftest": selftest, "wait_ready": wait_ready, "server_info": server_info,
-       "generate": generate, "workload": workload, "metrics": metrics, "read_json": read_json, "write_json": write_json}
+       "generate": generate, "workload": workload, "metrics": metrics,
+       "metrics_window": metrics_window, "read_json": read_json, "write_json": write_json}
