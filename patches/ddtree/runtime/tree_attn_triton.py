@@ -33,7 +33,7 @@ from ._dispatch import next_pow2
 
 
 @triton.jit
-def _tree_attn_kernel(Q, K_ext, V_ext, K_buf, V_buf, O, O_part, L_part,
+def _tree_attn_kernel(Q, K_ext, V_ext, K_buf, V_buf, Out, O_part, L_part,
                       qo_indptr, kv_indptr, kv_indices, mask_ptr, mask_indptr, sm_scale,
                       s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_kbs, s_kbh, s_vbs, s_vbh, s_ot, s_oh,
                       s_ps, s_pt, s_ph, s_ls, s_lt,
@@ -123,7 +123,7 @@ def _tree_attn_kernel(Q, K_ext, V_ext, K_buf, V_buf, O, O_part, L_part,
     safe = tl.where(deno > 0, deno, 1.0)
     out = acc / safe[:, None]
     if SPLITS == 1:
-        tl.store(O + t[:, None] * s_ot + head[:, None] * s_oh + offs_dv[None, :], out.to(O.dtype.element_ty),
+        tl.store(Out + t[:, None] * s_ot + head[:, None] * s_oh + offs_dv[None, :], out.to(Out.dtype.element_ty),
                  mask=row_ok[:, None] & dv_ok[None, :])
     else:
         tl.store(O_part + split * s_ps + t[:, None] * s_pt + head[:, None] * s_ph + offs_dv[None, :], out,
@@ -133,7 +133,7 @@ def _tree_attn_kernel(Q, K_ext, V_ext, K_buf, V_buf, O, O_part, L_part,
 
 
 @triton.jit
-def _merge_splits_kernel(O, O_part, L_part, s_ot, s_oh, s_ps, s_pt, s_ph, s_ls, s_lt,
+def _merge_splits_kernel(Out, O_part, L_part, s_ot, s_oh, s_ps, s_pt, s_ph, s_ls, s_lt,
                          DV: tl.constexpr, BLOCK_DV: tl.constexpr, SPLITS: tl.constexpr,
                          BLOCK_S: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -150,7 +150,7 @@ def _merge_splits_kernel(O, O_part, L_part, s_ot, s_oh, s_ps, s_pt, s_ph, s_ls, 
                    mask=s_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(part * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(O + t * s_ot + h * s_oh + offs_dv, out.to(O.dtype.element_ty), mask=offs_dv < DV)
+    tl.store(Out + t * s_ot + h * s_oh + offs_dv, out.to(Out.dtype.element_ty), mask=offs_dv < DV)
 
 
 @functools.lru_cache(maxsize=8)
