@@ -54,12 +54,14 @@ demo: install
 # Every CPU test; a test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS says why it may.
 # In TEST_JOBS worker processes (pytest-xdist): much of the suite waits on sshd hosts and subprocesses, so on 2 cores
 # three workers beat two: 17:13 against 18:19 for the 1,694 tests of 2026-12-07 on 2 idle cores (two took 17-29 min
-# earlier that month, 28:51 on a box then 30 % slower than an hour before). Each test file runs whole, in order, on one worker (--dist loadfile): a
+# earlier that month, 28:51 on a box then 30 % slower than an hour before); 16:11 for 1,727 once the longest files
+# were collected first (tests/conftest.py LONG_FILES). Each test file runs whole, in order, on one worker (--dist loadfile): a
 # sandbox module is one scenario on its own hosts (a module fixture), and a test may build on the state an
 # earlier test of its file left; work stealing split files between workers and broke that. TEST_JOBS=0: one process.
 TEST_JOBS ?= 3
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
-# The inner loop is CPU-bound (interpreted kernels, no hosts to wait on): two workers on 2 cores (1:57; three, 2:14)
+# The inner loop is CPU-bound (interpreted kernels, no hosts to wait on): two workers on 2 cores (1:39 for 787 tests
+# on 2026-12-07; three, 2:14 earlier)
 FAST_JOBS ?= 2
 XDIST_FAST = $(if $(filter 0,$(FAST_JOBS)),,-n $(FAST_JOBS) --dist loadfile)
 test: install
