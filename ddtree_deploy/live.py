@@ -73,6 +73,21 @@ def summarize(reply: dict[str, Any]) -> dict[str, Any]:
             "since_start": total}
 
 
+def described(live: dict[str, Any]) -> dict[str, Any]:
+    """``live`` with where its figures come from and their ``definitions`` (what ``--json`` gives)."""
+    return {**live, "source": f"{metrics_module().PREFIX}* on /metrics, read on the host", "definitions": DEFINITIONS}
+
+
+def from_module(reply: dict[str, Any] | None, window: float) -> dict[str, Any]:
+    """The live figures from what ``ddtree_probe`` returned as ``live_window`` (``probe --engine ansible``: the same
+    two reads, made by the collection's module on the host)."""
+    if window <= 0:
+        return described(unavailable("not read (--live-window 0)"))
+    if not isinstance(reply, dict):
+        return described(unavailable("the ddtree_probe module returned no reads of /metrics"))
+    return described(summarize(reply))
+
+
 def read_live(host: Host, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
     """The live figures of ``host``'s server (see the module docstring), with their ``definitions``; ``unavailable``
     with the reason when they cannot be had (no server configured, the server down or without DDTree's counters,
@@ -90,7 +105,7 @@ def read_live(host: Host, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
             live = summarize(reply)
         except (TransportError, OperationFailed) as exc:
             live = unavailable(f"cannot read the server's counters: {exc.message}")
-    return {**live, "source": f"{metrics_module().PREFIX}* on /metrics, read on the host", "definitions": DEFINITIONS}
+    return described(live)
 
 
 def cells(live: dict[str, Any]) -> list[str]:
@@ -108,4 +123,4 @@ def cells(live: dict[str, Any]) -> list[str]:
     return ["-", "-", str(live.get("reason") or "unavailable")]
 
 
-__all__ = ["DEFAULT_WINDOW", "DEFINITIONS", "cells", "read_live", "summarize", "unavailable"]
+__all__ = ["DEFAULT_WINDOW", "DEFINITIONS", "cells", "described", "from_module", "read_live", "summarize", "unavailable"]

@@ -57,3 +57,17 @@ def test_no_counters_an_error_or_a_restart_is_unavailable_with_the_reason(totals
     went_back = live.summarize({"before": _scrape(totals), "after": after, "seconds": 1.0})
     assert went_back["status"] == "unavailable" and "restarted" in went_back["reason"]
     assert went_back["mean_acceptance_length_since_start"] == 3.0
+
+
+def test_the_ansible_modules_reads_give_the_same_figures(totals):
+    """``probe --engine ansible``: ddtree_probe returns the two reads as ``live_window``; the figures and their
+    definitions are the builtin engine's, and a missing or skipped read says why."""
+    before = _scrape(totals)
+    totals.add_round(17, False, [[16, 4, 16, 0]])
+    reads = {"before": before, "after": _scrape(totals), "seconds": 1.0}
+    doc = live.from_module(reads, 1.0)
+    assert {k: v for k, v in doc.items() if k not in ("source", "definitions")} == live.summarize(reads)
+    assert doc["definitions"] == live.DEFINITIONS and doc["decode_tokens_per_s"] == 5.0
+    assert live.from_module(None, 0.0)["reason"] == "not read (--live-window 0)"
+    assert "returned no reads" in live.from_module(None, 1.0)["reason"]
+    assert live.from_module({"error": "no server configured (server.kind: none)"}, 1.0)["status"] == "unavailable"

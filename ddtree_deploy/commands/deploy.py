@@ -285,14 +285,16 @@ def probe_cmd(
         from ..ansible import engine as ansible_engine
 
         with _interruptible():
-            res = ansible_engine.one_host(h, "ddtree_probe", {}, progress=_progress)
+            res = ansible_engine.one_host(h, "ddtree_probe", {"live_window": live_window}, progress=_progress)
         result = ansible_engine.probe_result(res.get("probe"))
         if result is None:
             raise OperationFailed(f"host {h.name}: {res.get('msg')}")
+        live = live_mod.from_module(res.get("live_window"), live_window)
         if as_json:
-            emit_json(result.to_dict())
+            emit_json({**result.to_dict(), "live": live})
         else:
             print_probe(result)
+            print_live(h.name, live)
         raise typer.Exit(0 if result.ok else EXIT_FAILED)
     drift = None if dry_run else hostops.server_flag_drift(h)
     if drift:

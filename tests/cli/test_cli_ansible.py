@@ -89,6 +89,14 @@ def test_probe_through_ansible_passes(box) -> None:
     run, _ = box
     doc = _json(run("probe", NAMES[1], "--engine", "ansible", "--json"))
     assert doc["ok"] is True and {s["name"] for s in doc["stages"]} >= {"overlay", "startup", "generation"}, doc
+    # the module's two reads of the server's DDTree counters, a second apart once the probe is over: nothing decoded
+    # then ("idle", no speed made up); since start, the accept length is 1 + accepted / drafts (none before a draft)
+    live = doc["live"]
+    assert live["status"] == "idle" and live["decode_tokens_per_s"] is None and 0.9 <= live["window_s"] < 5, live
+    since = live["since_start"]
+    assert live["mean_acceptance_length_since_start"] == (
+        round(1 + since["accepted_tokens"] / since["drafts"], 3) if since["drafts"] else None), live
+    assert set(live["definitions"]) >= {"mean_acceptance_length", "decode_tokens_per_s", "window_s"}
 
 
 def test_a_second_apply_changes_nothing(box) -> None:

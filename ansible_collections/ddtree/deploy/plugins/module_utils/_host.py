@@ -759,6 +759,20 @@ def probe(plan, python=None):
     return Prober(host).run(state.get("active"), label="probe"), state
 
 
+def metrics_window(plan, prefix, seconds, python=None):
+    """Two reads of the server's ``prefix`` metric families ``seconds`` apart, on the host (the remote op
+    ``probe.metrics_window``): the raw reads for the controller's live figures, or ``{"error": why}``; never raises
+    for a server that does not answer (a read, not a stage of the probe)."""
+    host = Host(plan, python)
+    if not host.probe.get("base_url"):
+        return {"error": "no server configured (server.kind: none)"}
+    try:
+        return host.call("probe", "metrics_window", timeout=float(seconds) + 30, url=host.probe["base_url"],
+                         prefix=prefix, seconds=float(seconds))
+    except HostFailure as exc:
+        return {"error": "cannot read the server's counters: %s" % exc.message}
+
+
 def rollback(plan, to=None, to_installed=False, check_mode=False, python=None, command="ansible ddtree.deploy.ddtree_rollback"):
     """Back by hand (the CLI's ``rollback``): to ``to``, the installed package, or the previous good release; the
     release left is marked bad; the server restarted there and probed."""
