@@ -14,19 +14,16 @@ server, so the guardian restarts it on the active release with the host file's f
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import statistics
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Iterator
 
-from . import paths
 from .errors import DeployError, InputError, OperationFailed, is_cut
 from .hostops import flag_drift
 from .inventory import Host, server_setting
+from .runtime_files import metrics_module
 from .ddtree_stats import _first_state, ddtree_summary
 from .server import ServerControl, base_url, require_server
 from .spec_flags import budget_of, chain_flags, is_ddtree, with_budget, with_metrics
@@ -176,27 +173,6 @@ class Measurement:
         d = dataclasses.asdict(self)
         d.pop("accept_stats")
         return d
-
-
-def runtime_module(stem: str, what: str) -> ModuleType:
-    """The runtime's stdlib-only ``<stem>.py`` (``schedule``, ``metrics``), loaded by path from the patch sets this
-    tool ships (the file the overlay vendors)."""
-    name = f"ddtree_deploy_runtime_{stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = paths.patches_root() / "ddtree" / "runtime" / f"{stem}.py"
-    if not path.is_file():
-        raise InputError(f"{path}: the DDTree runtime's {what} is missing from the patch sets")
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # before exec: it holds a dataclass
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def metrics_module() -> ModuleType:
-    """The runtime's ``metrics.py``: DDTree's Prometheus families and how a scrape is read."""
-    return runtime_module("metrics", "metric definitions")
 
 
 def acceptance_stats(reply: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -414,4 +390,4 @@ def plan(host: Host, configs: list[Config], batch_sizes: list[int] | None, *, re
 
 
 __all__ = ["BUILTIN_PROMPTS", "DEFAULT_REPS", "Config", "Measurement", "combine", "Session", "bench", "chain", "ddtree", "load_prompts",
-           "measuring", "metrics_module", "parse_sizes", "plain", "plan", "runtime_module", "summarize"]
+           "measuring", "parse_sizes", "plain", "plan", "summarize"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import live
 from .errors import EXIT_FAILED, InputError
 from .inventory import Host, server_setting
 from .baseline import record_baseline
@@ -149,11 +150,14 @@ def server_flag_drift(host: Host) -> list[str] | None:
         return flag_drift(conn, host, ReleaseManager(conn).state().active)
 
 
-def releases(host: Host, journal_lines: int = 10) -> dict[str, Any]:
+def releases(host: Host, journal_lines: int = 10, live_window: float = live.DEFAULT_WINDOW) -> dict[str, Any]:
+    """The host's release state and journal, the server's flag drift and its live figures (``live``), on one
+    connection."""
     with HostConnection(host) as conn:
         info = ReleaseManager(conn).show(journal_lines)
         if server_setting(host, "kind") != "none":
             info["flag_drift"] = flag_drift(conn, host, ReleaseState.of(info["state"]).active)
+        info["live"] = live.read_on(conn, host, live_window)
         return info
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import OperationFailed, TransportError
-from .hostbench import metrics_module
 from .inventory import Host
+from .runtime_files import metrics_module
 from .server import base_url, server_kind
 from .transport import HostConnection
 
@@ -92,16 +92,26 @@ def read_live(host: Host, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
     """The live figures of ``host``'s server (see the module docstring), with their ``definitions``; ``unavailable``
     with the reason when they cannot be had (no server configured, the server down or without DDTree's counters,
     the host unreachable): a read never fails for that."""
+    if server_kind(host) == "none" or window <= 0:
+        return read_on(None, host, window)
+    try:
+        with HostConnection(host) as conn:
+            return read_on(conn, host, window)
+    except (TransportError, OperationFailed) as exc:
+        return described(unavailable(f"cannot read the server's counters: {exc.message}"))
+
+
+def read_on(conn: HostConnection | None, host: Host, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
+    """:func:`read_live` on a connection the caller holds (``releases`` reads its host's state on it too); ``conn``
+    is not used, and may be None, when nothing is to be read (no server, ``window`` 0)."""
     if server_kind(host) == "none":
         live = unavailable("no server configured (server.kind: none)")
     elif window <= 0:
         live = unavailable("not read (--live-window 0)")
     else:
-        m = metrics_module()
         try:
-            with HostConnection(host) as conn:
-                reply = conn.call("probe", "metrics_window", url=base_url(host), prefix=m.PREFIX,
-                                  seconds=float(window), timeout=float(window) + 30)
+            reply = conn.call("probe", "metrics_window", url=base_url(host), prefix=metrics_module().PREFIX,
+                              seconds=float(window), timeout=float(window) + 30)
             live = summarize(reply)
         except (TransportError, OperationFailed) as exc:
             live = unavailable(f"cannot read the server's counters: {exc.message}")
@@ -123,4 +133,5 @@ def cells(live: dict[str, Any]) -> list[str]:
     return ["-", "-", str(live.get("reason") or "unavailable")]
 
 
-__all__ = ["DEFAULT_WINDOW", "DEFINITIONS", "cells", "described", "from_module", "read_live", "summarize", "unavailable"]
+__all__ = ["DEFAULT_WINDOW", "DEFINITIONS", "cells", "described", "from_module", "read_live", "read_on", "summarize",
+           "unavailable"]

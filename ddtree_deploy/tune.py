@@ -24,12 +24,12 @@ from types import ModuleType
 from typing import Any
 
 from .errors import InputError, OperationFailed
-from .hostbench import (DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, metrics_module, plain,
-                        runtime_module)
+from .hostbench import DEFAULT_REPS, Measurement, chain, comma_ints, ddtree, measuring, plain
 from .hostfile import plan_budget_edit, write_host_file
 from .inventory import Host
 from .ddtree_stats import ddtree_summary
 from .probe import RUNTIME_SUBDIR, expected_sglang_dir
+from .runtime_files import metrics_module, runtime_module
 from .server import require_server
 from .spec_flags import budget_of, with_budget
 from .transaction import Progress, quiet

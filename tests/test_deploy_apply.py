@@ -20,7 +20,7 @@ import pytest
 from cli_inproc import run_cli
 
 from ddtree_deploy.deploy import plan
-from ddtree_deploy.hostbench import metrics_module
+from ddtree_deploy.runtime_files import metrics_module
 from ddtree_deploy.release import ReleaseManager
 from ddtree_deploy.server import ServerControl, base_url
 from ddtree_deploy.snapshot import SnapshotStore

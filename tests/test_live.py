@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddtree_deploy import live
-from ddtree_deploy.hostbench import metrics_module
+from ddtree_deploy.runtime_files import metrics_module
 
 
 def _scrape(totals) -> str:

@@ -373,8 +373,7 @@ def releases_cmd(
     and live, from the server's DDTree counters: its accept length and decode tok/s over the last --live-window
     seconds ("idle" when it decoded nothing then; "-" and the reason when it is down: the command still succeeds)."""
     h = one_host(host, host_opt, inventory)
-    info = hostops.releases(h, journal)
-    info["live"] = live_mod.read_live(h, live_window)
+    info = hostops.releases(h, journal, live_window)
     if as_json:
         emit_json(info)
         return

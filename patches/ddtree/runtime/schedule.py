@@ -201,11 +201,9 @@ DEFAULT_HOLD = 8
 def check_hold(value: object, *, source: str = "hold") -> int:
     """A hold (decode rounds, an integer >= 0) from a flag's value (an int, or its text); a :class:`ScheduleError`
     starting with ``source`` (the flag's name) for anything else. 0 and 1 both mean no hold."""
-    if isinstance(value, bool):
-        raise ScheduleError(f"{source}: expected a number of decode rounds (an integer >= 0), got {value!r}")
     if isinstance(value, str):
         value = _int(value, "hold", source)
-    if not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ScheduleError(f"{source}: expected a number of decode rounds (an integer >= 0), got {value!r}")
     if value < 0:
         raise ScheduleError(f"{source}: must be >= 0 decode rounds (0 or 1 = no hold), got {value}")

@@ -241,9 +241,10 @@ class DDTreeRound:
         start-up: the draft graph's tail there built the tree of its own budget only (or ran the chain's head), and
         the target's graph there has that width (``draft_schedule``, ``graph_widths``); with adaptation the chain's
         too. Eagerly (no graphs, or a batch above the largest captured size) any budget of the schedule."""
+        chain = {0} if self.adapt_on else set()
         if sizes and padded in sizes:
-            return {int(self.schedule.budget_for(padded))} | ({0} if self.adapt_on else set())
-        return set(self.schedule.budgets) | ({0} if self.adapt_on else set())
+            return {int(self.schedule.budget_for(padded))} | chain
+        return set(self.schedule.budgets) | chain
 
     def tree_round(self, worker: Any, bs: int) -> bool:
         """Pick this round's budget from the padded (captured) size of the decode batch (this is called for decode
