@@ -61,7 +61,7 @@ class HostLayout:
         return posixpath.join(self.root, "releases", release_id)
 
     def release_package(self, release_id: str, package: str = "sglang") -> str:
-        return posixpath.join(self.root, "releases", release_id, package)
+        return posixpath.join(self.release(release_id), package)
 
     def staging(self, run_id: str) -> str:
         return posixpath.join(self.root, "staging", run_id)
