@@ -50,6 +50,10 @@ Configurations are named MODELSET-ALGO[-bBUDGET|-sched][-adapt][-graph][-prof][-
             the backends table (patches/ddtree/spec-v2/backends.py) has FlashInfer wired but unproven. Needs the real
             FlashInfer: the .e2e17fi bundle (E2E_BUNDLE=.e2e17fi, bench/e2e/mk_bundle_flashinfer.sh)
   -fiv      as -fi for the target only; the drafter stays on triton (FlashInfer in the verify alone)
+  -psN      --page-size N for the target (and the drafter's KV pool): DDTree commits the accepted path by copying its
+            KV rows into their pages; ddtree configurations add --speculative-ddtree-allow-unproven while the
+            backends table has N among the backend's wired, not proven, page sizes. Baselines share the suffix
+            (agree-ar-graph-ps16 for agree-ddtree-b15-graph-ps16, agree-ar-graph-fi-ps16 with -fi)
   -pN       pass N of a configuration measured more than once in a lease (interleaved with the others; the
             report merges the passes' speed runs and shows each pass's median)
   -stock    SGLang as installed: the DDTree overlay left off the path (with DDTree off, the patched engine must equal
@@ -119,21 +123,34 @@ BACKENDS_TABLE = ROOT / "patches" / "ddtree" / "spec-v2" / "backends.py"
 
 
 def attention_suffix(cfg: dict) -> str:
-    """The configuration's attention suffix ("-fi", "-fiv"), "" for triton: the name part its baselines share."""
+    """The configuration's attention and page suffix ("-fi", "-fiv", "-ps16", "-fi-ps16"), "" for triton at page
+    size 1: the name part its baselines share."""
     want = (cfg.get("attention", "triton"), cfg.get("draft_attention", "triton"))
-    return next((f"-{k}" for k, v in ATTENTION_SUFFIXES.items() if v == want), "")
+    att = next((f"-{k}" for k, v in ATTENTION_SUFFIXES.items() if v == want), "")
+    page = cfg.get("page_size", 1)
+    return att + (f"-ps{page}" if page > 1 else "")
 
 
 @functools.lru_cache(maxsize=1)
-def unproven_backends() -> tuple[str, ...]:
-    """The --attention-backend values the patch set's backends table has wired but not proven on a GPU."""
+def backends_table():
+    """The patch set's backends table (``backends.py``, pure data) loaded by path."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_ddtree_backends_table", BACKENDS_TABLE)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses resolves the module of its classes
     spec.loader.exec_module(mod)
-    return mod.with_status(mod.WIRED_UNPROVEN)
+    return mod
+
+
+def needs_unproven(attention: str, page_size: int) -> bool:
+    """Whether DDTree on this backend and page size runs only with --speculative-ddtree-allow-unproven (the flag
+    is refused where it gates nothing, so it is passed exactly then)."""
+    table = backends_table()
+    row = table.BACKENDS.get(attention)
+    if row is None:
+        return False
+    return row.status == table.WIRED_UNPROVEN or (page_size not in row.page_sizes and row.paged_wired)
 
 
 def parse(name: str) -> dict:
@@ -176,6 +193,8 @@ def parse(name: str) -> dict:
             cfg["noradix"] = True
         elif p == "stock":  # SGLang as installed: the overlay (E2E_OVERLAY_DIR) left off the path
             cfg["stock"] = True
+        elif re.fullmatch(r"ps\d+", p):
+            cfg["page_size"] = int(p[2:])  # --page-size N (the baselines carry the same suffix)
         elif re.fullmatch(r"p\d+", p):
             cfg["pass"] = int(p[1:])  # the same configuration measured again later in the lease (report merges)
     return cfg
@@ -209,7 +228,7 @@ def engine_kwargs(cfg: dict) -> dict:
         sampling_backend="pytorch",
         grammar_backend="none",
         mem_fraction_static=float(os.environ.get("E2E_MEM_FRACTION", "0.08" if BASE == "0.5.11" else "0.12")),
-        page_size=1,
+        page_size=cfg.get("page_size", 1),
         random_seed=0,
         log_level=os.environ.get("E2E_LOG_LEVEL", "info"),
         max_running_requests=cfg.get("max_running", 32),
@@ -267,7 +286,7 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["speculative_ddtree_budget"] = cfg["budget"]
         if cfg.get("adapt"):
             kw["speculative_ddtree_adapt"] = True
-        if kw["attention_backend"] in unproven_backends():  # the flag is refused where it gates nothing
+        if needs_unproven(kw["attention_backend"], kw["page_size"]):  # refused where it gates nothing
             kw["speculative_ddtree_allow_unproven"] = True
     return kw
 
@@ -676,10 +695,11 @@ def acceptance(meta: list[dict]) -> dict:
 
 def baseline(rs: dict, cfg: dict, algo: str) -> dict | None:
     """The result a configuration is compared with: MODELSET-ALGO with the same graph mode, else without graphs,
-    on the same attention backend (its suffix: AR has no drafter, so -fiv configurations take the -fi AR)."""
+    on the same attention backend and page size (their suffix: AR has no drafter, so -fiv configurations take the
+    -fi AR)."""
     att = attention_suffix(cfg)
-    if algo == "ar" and att:
-        att = "-fi"
+    if algo == "ar" and att.startswith("-fiv"):
+        att = "-fi" + att[len("-fiv"):]
     stem = f"{cfg['modelset']}-{algo}"
     return rs.get(stem + ("-graph" if cfg["graph"] else "") + att) or rs.get(stem + att)
 

@@ -40,11 +40,11 @@ def test_fi_suffixes_pick_the_attention_backends(monkeypatch):
 
 def test_ddtree_on_flashinfer_gets_the_unproven_flag_while_the_table_says_so(monkeypatch):
     # the real table: FlashInfer is wired but unproven today, triton proven
-    assert "flashinfer" in driver.unproven_backends() and "triton" not in driver.unproven_backends()
+    assert driver.needs_unproven("flashinfer", 1) and not driver.needs_unproven("triton", 1)
     assert _kwargs("agree-ddtree-b15-graph-fi", monkeypatch)["speculative_ddtree_allow_unproven"] is True
     assert _kwargs("q8b-ddtree-sched-graph-fiv", monkeypatch)["speculative_ddtree_allow_unproven"] is True
     # once FlashInfer is proven (its row's status), the flag goes: SGLang refuses it where it gates nothing
-    monkeypatch.setattr(driver, "unproven_backends", lambda: ())
+    monkeypatch.setattr(driver, "needs_unproven", lambda attention, page_size: False)
     assert "speculative_ddtree_allow_unproven" not in _kwargs("agree-ddtree-b15-graph-fi", monkeypatch)
 
 
@@ -65,6 +65,29 @@ def test_baselines_share_the_attention_backend():
     assert base("agree-ddtree-b15-graph-fiv", "ar") == "agree-ar-graph-fi"  # no drafter in plain decoding
     assert base("agree-ddtree-b15-fi", "ar") is None  # no eager FlashInfer AR: no comparison across backends
     assert driver.attention_suffix(driver.parse("agree-chain-pgraph-fiv-p1")) == "-fiv"
+
+
+def test_page_size_suffix_sets_the_page_size_and_picks_baselines_of_the_same_page_size(monkeypatch):
+    cfg = driver.parse("agree-ddtree-b15-graph-fi-ps16-p2")
+    assert (cfg["page_size"], cfg["pass"], cfg["attention"]) == (16, 2, "flashinfer")
+    assert driver.attention_suffix(cfg) == "-fi-ps16"
+    kw = _kwargs("agree-ddtree-b15-graph-ps64", monkeypatch)
+    assert kw["page_size"] == 64 and kw["attention_backend"] == "triton"
+    assert _kwargs("agree-ar-graph", monkeypatch)["page_size"] == 1
+    # the flag follows the real table: page sizes > 1 are wired, not proven, on every backend that pages
+    table = driver.backends_table()
+    for name, row in table.BACKENDS.items():
+        for page in (1, 16, 64):
+            want = row.status == table.WIRED_UNPROVEN or (page not in row.page_sizes and row.paged_wired)
+            assert driver.needs_unproven(name, page) is want
+    rs = {n: {"name": n} for n in ("agree-ar-graph", "agree-ar-graph-ps16", "agree-ar-graph-fi-ps16",
+                                   "agree-chain-graph-fi-ps16")}
+    assert driver.baseline(rs, driver.parse("agree-ddtree-b15-graph-ps16"), "ar")["name"] == "agree-ar-graph-ps16"
+    assert driver.baseline(rs, driver.parse("agree-ddtree-b15-graph-fiv-ps16"), "ar")["name"] == \
+        "agree-ar-graph-fi-ps16"
+    assert driver.baseline(rs, driver.parse("agree-ddtree-b15-graph-fi-ps16"), "chain")["name"] == \
+        "agree-chain-graph-fi-ps16"
+    assert driver.baseline(rs, driver.parse("agree-ddtree-b15-graph-ps64"), "ar") is None  # never across pages
 
 
 @pytest.mark.slow  # a whole dry run (about 30 s): make test, not make test-fast

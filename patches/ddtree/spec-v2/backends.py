@@ -63,6 +63,7 @@ BACKENDS: dict[str, Backend] = {
                       graph_mask="cuda_graph_custom_mask", paged_wired=True),
     "flashinfer": Backend(
         cls="FlashInferAttnBackend", status=WIRED_UNPROVEN, mask=FULL_ROWS, reads_context_columns=True,
+        paged_wired=True,  # the paged commit copies KV rows in the pool both backends read (runtime move_path_kv)
         reason="FlashInfer reads the tree through spec_info.custom_mask in plan(); not run on a GPU here (the "
                "offline bundle ships a FlashInfer stand-in)",
         base_trait="flashinfer",
