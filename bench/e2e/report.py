@@ -7,6 +7,7 @@ Usage (repository root):
   python -m bench.e2e.report spec-v2 CORRECTNESS_RAW SPEED_RAW EXPECTED_JSON OUT_STEM [APPLY_TRANSCRIPT_JSON]
   python -m bench.e2e.report speed-by-batch OUT_STEM RAW [RAW ...] [--notes NOTES.md] [--related KEY FILE]
   python -m bench.e2e.report hybrid-v2 OUT_STEM RAW [RAW ...] [--kernels KERNELS_JSON]
+  python -m bench.e2e.report backends OUT_STEM LOSSLESS_RAW [LOSSLESS_RAW ...] [--speed RAW[,RAW...]] [--base 0.5.N]
 
 Each report is one module of bench/e2e/reports/, named by what it measures, with its inputs, sections and outputs in
 its docstring and a `main(argv)`:
@@ -17,6 +18,8 @@ its docstring and a `main(argv)`:
   speed-by-batch  reports/speed_by_batch.py  DDTree's speed against the chain per batch size (controlled acceptance)
   hybrid-v2       reports/hybrid_v2.py       hybrid GatedDeltaNet targets on the spec-v2 worker (0.5.17): kernels,
                                              lossless, the Qwen3.6-27B shape's rounds
+  backends        reports/backends.py        DDTree on triton and FlashInfer at page sizes 1 / 16 / 64 (#28): lossless,
+                                             the T > 0 fit, rounds against the chain of the same backend and page size
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import sys
 
 #: report kind -> its module under bench/e2e/reports (imported when run: each pulls only what it needs)
 COMMANDS = {"sweep": "sweep", "hybrid": "hybrid", "spec-v2": "spec_v2", "speed-by-batch": "speed_by_batch",
-            "hybrid-v2": "hybrid_v2"}
+            "hybrid-v2": "hybrid_v2", "backends": "backends"}
 
 
 def main(argv: list[str] | None = None) -> int:
