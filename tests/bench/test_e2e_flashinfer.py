@@ -4,7 +4,6 @@ bench/e2e/fi_bundle.py keeps of the wheels it trims (on small stand-in wheels; t
 bench/e2e/fi_cpu_check.sh, which needs the 0.5.17 bundle and a Python 3.12 venv like the GPU image)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -88,21 +87,6 @@ def test_page_size_suffix_sets_the_page_size_and_picks_baselines_of_the_same_pag
     assert driver.baseline(rs, driver.parse("agree-ddtree-b15-graph-fi-ps16"), "chain")["name"] == \
         "agree-chain-graph-fi-ps16"
     assert driver.baseline(rs, driver.parse("agree-ddtree-b15-graph-ps64"), "ar") is None  # never across pages
-
-
-@pytest.mark.slow  # a whole dry run (about 30 s): make test, not make test-fast
-def test_dry_run_report_compares_fi_configurations_with_fi_baselines(tmp_path: Path):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "OUT": str(tmp_path / "out"), "E2E_DRY_RUN": "1", "E2E_BASE": "0.5.17", "E2E_MODELS": str(tmp_path / "models"),
-           "E2E_BUNDLE": ".e2e17fi", "E2E_STAGGER": "0"}
-    tag = f"fi{os.getpid()}"
-    r = subprocess.run(["bash", "bench/e2e/gpu_run.sh", tag, "agree-ar-graph-fi,agree-chain-graph-fi,"
-                        "agree-ddtree-b15-graph-fi"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    got = json.loads((tmp_path / "out" / f"{tag}.json").read_text())
-    assert all(got["configs"][n]["ok"] for n in got["configs"] if n.endswith("-fi"))
-    assert set(got["lossless"]) >= {"agree-chain-graph-fi", "agree-ddtree-b15-graph-fi"}
-    assert {v["chain"] for v in got["vs_chain"]["agree-ddtree-b15-graph-fi"].values()} == {"agree-chain-graph-fi"}
 
 
 def _wheel(path: Path, files: dict[str, str]) -> zipfile.ZipFile:

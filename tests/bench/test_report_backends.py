@@ -100,6 +100,11 @@ def test_dry_run_lossless_matrix_per_backend_and_page_size(tmp_path: Path):
     r = subprocess.run(["bash", "bench/e2e/gpu_run.sh", tag, names], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    # the driver's own report compares -fi configurations with -fi baselines (one dry run serves both reports)
+    got = json.loads((tmp_path / "out" / f"{tag}.json").read_text())
+    assert all(got["configs"][n]["ok"] for n in got["configs"])
+    assert set(got["lossless"]) >= {"agree-chain-graph-fi", "agree-ddtree-b15-graph-fi", "agree-ddtree-b15-graph-ps16"}
+    assert {v["chain"] for v in got["vs_chain"]["agree-ddtree-b15-graph-fi"].values()} == {"agree-chain-graph-fi"}
     raw = tmp_path / "out" / f"{tag}-raw.tgz"
     stem = tmp_path / "backends-h200"
     assert report.main(["backends", str(stem), str(raw)]) == 0

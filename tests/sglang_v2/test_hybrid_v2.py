@@ -52,7 +52,7 @@ def test_wired_tree_verify_and_commit_against_float64(v2_trees, tmp_path: Path):
     assert res["ok"] and r.returncode == 0
     specs = [c["spec"] for c in res["cases"]]
     assert {s["budget"] for s in specs} == {1, 16, 64, 256}
-    assert max(s["batch"] for s in specs) == 16
+    assert max(s["batch"] for s in specs) == 8  # batch 16: the GPU cases
     assert res["shapes"]["head_k_dim"] == res["shapes"]["head_v_dim"] == 128  # Qwen3.6's head dims
     assert res["shapes"]["num_v_heads"] == 3 * res["shapes"]["num_k_heads"]  # and its 48:16 head ratio
     by = {c["case"]: c for c in res["cases"]}
