@@ -268,11 +268,26 @@ def test_server_down_is_said_and_stays_down(box) -> None:
         assert run("server", "start", NAME).returncode == 0
 
 
+def _as_from_a_shell() -> None:
+    """A shell starts a command with Ctrl-C deliverable: SIGINT unblocked and at its default (the test worker's
+    thread may block or ignore it, and a child inherits both across exec)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _sigint_ignored_or_blocked(pid: int) -> bool:
+    bit = 1 << (signal.SIGINT - 1)
+    status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ":\t" in line)
+    return any(int(status.get(key, "0"), 16) & bit for key in ("SigIgn", "SigBlk"))
+
+
 def test_ctrl_c_during_bench_leaves_the_server_as_configured(box) -> None:
     _, host_file, env, wheel_env = box
     """Interrupted while the server restarts for plain decoding: the host's guardian puts it back as configured."""
     proc = subprocess.Popen([str(wheel_env.script), "bench", "--host", NAME, *WORK], env=wheel_env.env(**env),
-                            cwd=wheel_env.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=wheel_env.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_shell)
     seen = ""
     deadline = time.monotonic() + 300
     while "restarting the server for plain" not in seen and time.monotonic() < deadline:
@@ -281,6 +296,7 @@ def test_ctrl_c_during_bench_leaves_the_server_as_configured(box) -> None:
             break
         seen += line
     assert "restarting the server for plain" in seen, seen
+    assert not _sigint_ignored_or_blocked(proc.pid), "the command cannot see Ctrl-C"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, seen + err
