@@ -44,6 +44,12 @@ WIDTHS = (16, 17, 65)
 def load_runtime(smoke: bool):
     if smoke:
         os.environ["TRITON_INTERPRET"] = "1"
+    try:  # the runtime the overlay ships, where SGLang with the DDTree overlay is on the path (the GPU machine)
+        from sglang.srt.speculative import ddtree as rt
+
+        return rt
+    except ImportError:
+        pass
     sys.path.insert(0, str(ROOT))
     from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime as load
 

@@ -11,7 +11,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddtree_deploy.sandbox.refengine.runtime_loader import load_runtime as load_runtime_dir
+
+def _runtime_loader():
+    """The sandbox's runtime loader (stdlib only) by its path: importing it as ``ddtree_deploy.sandbox...`` runs the
+    sandbox package's ``__init__`` and its dependencies (tenacity, platformdirs), which the GPU machine, where these
+    tests also run (``TRITON_INTERPRET=0``, with only the SGLang bundle installed), does not have."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "ddtree_deploy" / "sandbox" / "refengine" / "runtime_loader.py"
+    name = "_ddtree_runtime_loader"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+load_runtime_dir = _runtime_loader().load_runtime
 
 # Without a GPU the Triton kernels run in the interpreter (must be set before triton.jit decorates them).
 if not torch.cuda.is_available():
