@@ -87,6 +87,10 @@ MODELSETS = {
     "rand": ("tiny-qwen3", "tiny-dflash"),
     "randf32": ("tiny-qwen3", "tiny-dflash"),  # same models served in float32 (bf16 near-ties excluded)
     "agree": ("agree-qwen3", "agree-dflash"),
+    # the same two with attention heads of 64 (models/mk_models.py, mk_agree.py HEAD_DIM): FlashInfer's kernels have
+    # no head dim 16, so its proofs (-fi) serve these
+    "rand64": ("tiny-qwen3-hd64", "tiny-dflash-hd64"),
+    "agree64": ("agree-qwen3-hd64", "agree-dflash-hd64"),
     "big": ("big-qwen3", "big-dflash"),
     "hyb": ("tiny-next", "tiny-next-dflash"),
     "hyblive": ("live-next", "live-next-dflash"),

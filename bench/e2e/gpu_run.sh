@@ -65,6 +65,8 @@ fi
 (
   set -e
   [ -d $M/agree-qwen3 ] || { python3 -m bench.e2e.models.mk_models $M; python3 -m bench.e2e.models.mk_agree $M $M; }
+  if { needs agree64 || needs rand64; } && [ ! -d $M/agree-qwen3-hd64 ]; then  # head dim 64: FlashInfer's proofs
+    python3 -m bench.e2e.models.mk_models $M 64; python3 -m bench.e2e.models.mk_agree $M $M 64; fi
   if needs big; then python3 -m bench.e2e.models.mk_big $M $M; fi
   # configs only (dummy weights): always rewritten, so a warm machine never serves an older config
   if needs q8b || needs q36; then python3 -m bench.e2e.models.mk_shapes $M $M; fi

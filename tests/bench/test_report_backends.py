@@ -95,16 +95,19 @@ def test_dry_run_lossless_matrix_per_backend_and_page_size(tmp_path: Path):
            "OUT": str(tmp_path / "out"), "E2E_DRY_RUN": "1", "E2E_BASE": "0.5.17", "E2E_MODELS": str(tmp_path / "models"),
            "E2E_BUNDLE": ".e2e17fi", "E2E_STAGGER": "0"}
     tag = f"bk{os.getpid()}"
-    names = ("agree-ar-graph-fi,agree-chain-graph-fi,agree-ddtree-b15-graph-fi,agree-ar-graph-ps16,"
+    names = ("agree64-ar-graph-fi,agree64-chain-graph-fi,agree64-ddtree-b15-graph-fi,agree-ar-graph-ps16,"
              "agree-chain-graph-ps16,agree-ddtree-b15-graph-ps16")
     r = subprocess.run(["bash", "bench/e2e/gpu_run.sh", tag, names], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     # the driver's own report compares -fi configurations with -fi baselines (one dry run serves both reports)
+    # FlashInfer's proofs serve the head-dim-64 models (its kernels have no head dim 16), made by gpu_run.sh
+    for name in ("agree-qwen3-hd64", "agree-dflash-hd64", "tiny-qwen3-hd64", "tiny-dflash-hd64"):
+        assert json.loads((tmp_path / "models" / name / "config.json").read_text())["head_dim"] == 64, name
     got = json.loads((tmp_path / "out" / f"{tag}.json").read_text())
     assert all(got["configs"][n]["ok"] for n in got["configs"])
-    assert set(got["lossless"]) >= {"agree-chain-graph-fi", "agree-ddtree-b15-graph-fi", "agree-ddtree-b15-graph-ps16"}
-    assert {v["chain"] for v in got["vs_chain"]["agree-ddtree-b15-graph-fi"].values()} == {"agree-chain-graph-fi"}
+    assert set(got["lossless"]) >= {"agree64-chain-graph-fi", "agree64-ddtree-b15-graph-fi", "agree-ddtree-b15-graph-ps16"}
+    assert {v["chain"] for v in got["vs_chain"]["agree64-ddtree-b15-graph-fi"].values()} == {"agree64-chain-graph-fi"}
     raw = tmp_path / "out" / f"{tag}-raw.tgz"
     stem = tmp_path / "backends-h200"
     assert report.main(["backends", str(stem), str(raw)]) == 0
@@ -115,21 +118,21 @@ def test_dry_run_lossless_matrix_per_backend_and_page_size(tmp_path: Path):
     assert m["triton"]["1"]["lossless"] == "not run" and m["flashinfer"]["16"]["lossless"] == "not run"
     rows = {x["config"]: x for x in out["lossless"]}
     assert {n: (x["backend"], x["page_size"]) for n, x in rows.items()} == {
-        "agree-chain-graph-fi": ("flashinfer", 1), "agree-ddtree-b15-graph-fi": ("flashinfer", 1),
+        "agree64-chain-graph-fi": ("flashinfer", 1), "agree64-ddtree-b15-graph-fi": ("flashinfer", 1),
         "agree-chain-graph-ps16": ("triton", 16), "agree-ddtree-b15-graph-ps16": ("triton", 16)}
     tree = rows["agree-ddtree-b15-graph-ps16"]
     assert tree["ok"] and tree["graph"] and tree["vs_chain"]["chain"] == "agree-chain-graph-ps16"
     assert tree["vs_plain"]["plain"] == "agree-ar-graph-ps16"
     assert tree["vs_plain"]["identical_requests"] == tree["vs_plain"]["requests"] > 0
     assert "stop-bs4" in tree["vs_plain"]["workloads"]
-    assert rows["agree-chain-graph-fi"]["vs_chain"] is None and rows["agree-chain-graph-fi"]["vs_plain"]
+    assert rows["agree64-chain-graph-fi"]["vs_chain"] is None and rows["agree64-chain-graph-fi"]["vs_plain"]
     assert out["rounds"] == [] and out["t_fit"] is None
 
     extra = tmp_path / "rerun"  # a later raw whose configuration failed to start: its row says why
-    _write(extra, "agree-ddtree-b15-graph-fi", ok=False, error="engine start: ImportError: flashinfer")
+    _write(extra, "agree64-ddtree-b15-graph-fi", ok=False, error="engine start: ImportError: flashinfer")
     assert report.main(["backends", str(stem), str(raw), str(extra)]) == 0
     out = _load(stem)
-    row = next(x for x in out["lossless"] if x["config"] == "agree-ddtree-b15-graph-fi")
+    row = next(x for x in out["lossless"] if x["config"] == "agree64-ddtree-b15-graph-fi")
     assert not row["ok"] and row["error"] == "engine start: ImportError: flashinfer" and row["vs_plain"] is None
     assert out["matrix"]["flashinfer"]["1"]["lossless"] == (
-        "failed: agree-ddtree-b15-graph-fi: engine start: ImportError: flashinfer")
+        "failed: agree64-ddtree-b15-graph-fi: engine start: ImportError: flashinfer")

@@ -1,6 +1,9 @@
 """A tiny Qwen3 target whose greedy continuation is a known cycle, and a DFlash drafter that half-agrees with it.
 
-Usage: python -m bench.e2e.models.mk_agree OUTDIR BASEDIR   (BASEDIR = output of mk_models, for the tokenizer)
+Usage: python -m bench.e2e.models.mk_agree OUTDIR BASEDIR [HEAD_DIM]   (BASEDIR = output of mk_models, for the tokenizer)
+HEAD_DIM (default 16) other than 16 writes agree-qwen3-hdN / agree-dflash-hdN: the same models with attention heads of
+N (FlashInfer's kernels take head dims 64, 128 and 256, not 16). The attention output never reaches the residual
+stream (o_proj is zero), so every head dim decodes the same tokens.
 
 Why this shape (cheap, and every number it produces is checkable):
 - Target: every layer's o_proj and down_proj are zero, so the residual stream is the token embedding and the
@@ -29,7 +32,9 @@ from bench.e2e.workloads import CYCLE
 def main(argv: list[str]) -> int:
     """Write OUTDIR/agree-qwen3 and OUTDIR/agree-dflash and print the self-check (greedy cycle, draft top-5)."""
     out, basedir = argv[0], argv[1]
-    tgt, drf = os.path.join(out, "agree-qwen3"), os.path.join(out, "agree-dflash")
+    Dh = int(argv[2]) if len(argv) > 2 else 16
+    suffix = "" if Dh == 16 else f"-hd{Dh}"
+    tgt, drf = os.path.join(out, "agree-qwen3" + suffix), os.path.join(out, "agree-dflash" + suffix)
     os.makedirs(tgt, exist_ok=True)
     os.makedirs(drf, exist_ok=True)
     copy_tokenizer(basedir, tgt, drf)
@@ -38,7 +43,7 @@ def main(argv: list[str]) -> int:
     MASK_ID = json.load(open(os.path.join(basedir, "tiny-dflash", "config.json")))["dflash_config"]["mask_token_id"]
     EOS = 0
     cfg = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=L_T, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False,
+                      num_key_value_heads=2, head_dim=Dh, max_position_embeddings=4096, tie_word_embeddings=False,
                       eos_token_id=EOS, bos_token_id=EOS, torch_dtype="bfloat16")
     model = Qwen3ForCausalLM(cfg)
     sd = model.state_dict()
@@ -71,7 +76,7 @@ def main(argv: list[str]) -> int:
              block_size=BS, dflash_config={"block_size": BS, "target_layer_ids": [0, 2], "mask_token": "<|mask|>",
                                            "mask_token_id": MASK_ID})
     json.dump(d, open(os.path.join(drf, "config.json"), "w"), indent=1)
-    Dh, nq, nkv, K = 16, 4, 2, 2
+    nq, nkv, K = 4, 2, 2
     def r(*s):
         return (torch.randn(*s) * 0.02).to(torch.bfloat16)
 

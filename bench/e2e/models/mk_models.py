@@ -1,7 +1,8 @@
 """The `rand` model set and the tokenizer every model maker reuses: a tiny random Qwen3 target, a tiny random DFlash
 drafter and a local byte-level BPE tokenizer (no network).
 
-Usage: python -m bench.e2e.models.mk_models OUTDIR   (writes OUTDIR/tiny-qwen3 and OUTDIR/tiny-dflash; default: models)
+Usage: python -m bench.e2e.models.mk_models OUTDIR [HEAD_DIM]   (writes OUTDIR/tiny-qwen3 and OUTDIR/tiny-dflash; default: models;
+       a HEAD_DIM other than 16 writes tiny-qwen3-hdN and tiny-dflash-hdN, the same shapes with attention heads of N)
 
 Target: Qwen3, 4 layers, hidden 64, vocabulary 512 (the tokenizer's 400 padded), bfloat16, random weights (seed 0).
 Drafter: DFlash, 1 layer, block size 4, reading the hidden states of target layers [0, 2] (the target captures the
@@ -41,7 +42,9 @@ def draft_weights(H: int, I: int, Dh: int, nq: int, nkv: int, K: int) -> dict[st
 
 def main(argv: list[str]) -> int:
     out = argv[0] if argv else "models"
-    tgt, drf = os.path.join(out, "tiny-qwen3"), os.path.join(out, "tiny-dflash")
+    head_dim = int(argv[1]) if len(argv) > 1 else 16  # other than 16: tiny-qwen3-hdN / tiny-dflash-hdN (FlashInfer)
+    suffix = "" if head_dim == 16 else f"-hd{head_dim}"
+    tgt, drf = os.path.join(out, "tiny-qwen3" + suffix), os.path.join(out, "tiny-dflash" + suffix)
     os.makedirs(tgt, exist_ok=True)
     os.makedirs(drf, exist_ok=True)
     torch.manual_seed(0)
@@ -62,7 +65,7 @@ def main(argv: list[str]) -> int:
     vocab = 512  # padded
     mask_id = fast.convert_tokens_to_ids("<|mask|>")
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=4096,
                       tie_word_embeddings=False, eos_token_id=fast.eos_token_id, bos_token_id=fast.eos_token_id,
                       torch_dtype="bfloat16")
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
@@ -75,7 +78,7 @@ def main(argv: list[str]) -> int:
                             "mask_token_id": mask_id})
     with open(os.path.join(drf, "config.json"), "w") as fh:
         json.dump(d, fh, indent=1)
-    w = draft_weights(H=64, I=128, Dh=16, nq=4, nkv=2, K=2)
+    w = draft_weights(H=64, I=128, Dh=head_dim, nq=4, nkv=2, K=2)
     save_file(w, os.path.join(drf, "model.safetensors"), metadata={"format": "pt"})
     print("ok", tgt, drf, "mask_id", mask_id, sorted(os.listdir(tgt)), sorted(os.listdir(drf)))
     return 0

@@ -6,6 +6,7 @@
   earlier ones. The T > 0 fit reads the first raw that carries models/agree-qwen3.
   --speed RAW[,RAW...]: the round-table raws, one per lease (comma-separated); every ratio is taken within one lease.
   --base 0.5.N: the run's E2E_BASE (default 0.5.17), named in the title and passed to driver.report.
+  --gpu NAME: the GPU the raws ran on (default H200), named in the title and the JSON.
 
 Sections (the JSON's keys):
 - `lossless`: one row per DDTree and chain configuration (and per plain-decoding one that failed): its target
@@ -193,6 +194,7 @@ def main(argv: list[str]) -> int:
         "LOSSLESS_RAW: TAG-raw.tgz files (or result folders); later ones win")
     ap.add_argument("--speed", default="", help="round-table raws, one per lease, comma-separated")
     ap.add_argument("--base", default="0.5.17", help="the runs' E2E_BASE (default 0.5.17)")
+    ap.add_argument("--gpu", default="H200", help="the GPU the raws ran on, named in the title (default H200)")
     a = ap.parse_args(argv)
     merged = merge_raws(a.raws)
     rs = load_results(merged)
@@ -203,7 +205,7 @@ def main(argv: list[str]) -> int:
     leases = [load_results(open_raw(r)) for r in speed_raws]
     rounds, side = round_rows(leases)
     failed_speed = failed_configs([(str(r), rs_) for r, rs_ in zip(speed_raws, leases, strict=True)])
-    out = {"base": a.base, "matrix": matrix(lossless, rounds, failed_speed), "lossless": lossless, "t_fit": t_fit,
+    out = {"base": a.base, "gpu": a.gpu, "matrix": matrix(lossless, rounds, failed_speed), "lossless": lossless, "t_fit": t_fit,
            "t_fit_reason": t_fit_reason, "rounds": rounds, "chain_fi_vs_triton": side,
            "failed": failed_configs([("lossless", rs)]) + failed_speed, "commands": [command(argv)]}
     out_json, out_md = result_paths(a.stem)
@@ -235,7 +237,7 @@ def _ratio(value, lo, hi) -> str:
 
 def render(out: dict) -> str:
     lines = [f"# DDTree on the target attention backends triton and FlashInfer, page sizes "
-             f"{' / '.join(str(p) for p in PAGE_SIZES)} (H200, SGLang {out['base']}, issue #28)", "",
+             f"{' / '.join(str(p) for p in PAGE_SIZES)} ({out.get('gpu', 'H200')}, SGLang {out['base']}, issue #28)", "",
              f"Reproduce: `{out['commands'][0]}` (the raw tarballs come from `E2E_BUNDLE=.e2e17fi "
              f"E2E_BASE={out['base']} bash bench/e2e/gpu_run.sh TAG CONFIGS [SEQ]` on the device: bench/e2e/README.md, "
              "\"FlashInfer on the H200 (#28)\").", "",
