@@ -128,7 +128,8 @@ def round_rows(leases: list[dict]) -> tuple[list[dict], list[dict]]:
                 rows.append(row)
             if cfg["algo"] != "chain" or backend == "triton":
                 continue
-            tri_name = f"{cfg['modelset']}-chain{graph}" + (f"-ps{page}" if page > 1 else "")
+            triton = driver.attention_suffix({**cfg, "attention": "triton", "draft_attention": "triton"})
+            tri_name = f"{cfg['modelset']}-chain{graph}{triton}"
             tri_cells = _speed_cells(rs.get(tri_name, {}))
             for batch, runs in sorted(cells.items()):
                 if batch not in tri_cells:
